@@ -1,0 +1,21 @@
+//! `taskbridge-queue`: the durable task queue every TaskBridge process shares.
+//!
+//! It owns the task model and its state machine ([`model`]), the SQLite store in which every state
+//! transition is one `BEGIN IMMEDIATE` transaction ([`Store`]), the home directory layout with its
+//! private permissions ([`Home`]), and cross-process change notification ([`ChangeWatcher`]).
+//!
+//! The database is the only channel between the MCP server, the worker, the TUI and the CLI, so
+//! everything they need to agree on lives here. This crate is synchronous and must not depend on
+//! tokio, git, the UI or MCP: async callers wrap it at their edges.
+
+pub mod error;
+pub mod home;
+pub mod model;
+pub mod store;
+pub mod watch;
+
+pub use error::{Error, Result};
+pub use home::Home;
+pub use model::*;
+pub use store::{RunFacts, Store};
+pub use watch::ChangeWatcher;

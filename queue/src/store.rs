@@ -1,0 +1,1159 @@
+//! The SQLite store: every state transition is one `BEGIN IMMEDIATE` transaction here.
+
+use crate::error::{Error, Result};
+use crate::model::*;
+use rusqlite::{Connection, OptionalExtension, Row, Transaction, TransactionBehavior, params};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+/// Ordered, embedded migrations; `PRAGMA user_version` records how many have run.
+const MIGRATIONS: &[&str] = &[include_str!("../migrations/0001_init.sql")];
+
+/// A worker with no heartbeat for this long is reported as stale.
+pub const WORKER_STALE_AFTER_S: f64 = 30.0;
+
+type Listener = Arc<dyn Fn() + Send + Sync>;
+
+/// A handle on the queue database. Cheap to share behind an `Arc`; every method takes `&self` and
+/// serialises on one connection, which is what SQLite does with writers anyway.
+pub struct Store {
+    conn: Mutex<Connection>,
+    path: PathBuf,
+    listeners: Mutex<Vec<Listener>>,
+}
+
+const TASK_COLUMNS: &str = "id, title, prompt, repo, base, priority, model, agent, readonly, \
+    no_network, no_shell, worktree_keep, max_attempts, timeout_s, question_timeout_s, request_id, \
+    status, question, session_id, result, error, attempts, worker, lease_until, cancel_requested, \
+    branch, worktree, created_at, started_at, finished_at, updated_at, not_before";
+
+/// Sleeping a fixed millisecond between retries keeps several writer processes fair; SQLite's
+/// default handler backs off to 100 ms sleeps, and a process deep in back-off starves
+/// (queue-and-process-facts.md §2 and §5). About 30 s in all before giving up.
+fn busy_handler(attempt: i32) -> bool {
+    if attempt > 30_000 {
+        return false;
+    }
+    std::thread::sleep(Duration::from_millis(1));
+    true
+}
+
+fn status_from_sql(s: &str) -> rusqlite::Result<TaskStatus> {
+    s.parse().map_err(|e: String| {
+        rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, e.into())
+    })
+}
+
+fn task_from_row(row: &Row<'_>) -> rusqlite::Result<Task> {
+    let status = status_from_sql(&row.get::<_, String>(16)?)?;
+    let result: Option<String> = row.get(19)?;
+    let result = match result {
+        Some(text) => Some(serde_json::from_str(&text).map_err(|e| {
+            rusqlite::Error::FromSqlConversionFailure(19, rusqlite::types::Type::Text, e.into())
+        })?),
+        None => None,
+    };
+    Ok(Task {
+        id: TaskId(row.get(0)?),
+        title: row.get(1)?,
+        prompt: row.get(2)?,
+        repo: row.get(3)?,
+        base: row.get(4)?,
+        priority: row.get(5)?,
+        depends_on: Vec::new(),
+        waiting_on: Vec::new(),
+        model: row.get(6)?,
+        agent: row.get(7)?,
+        readonly: row.get(8)?,
+        no_network: row.get(9)?,
+        no_shell: row.get(10)?,
+        worktree_keep: row.get(11)?,
+        max_attempts: row.get(12)?,
+        timeout_s: row.get(13)?,
+        question_timeout_s: row.get(14)?,
+        request_id: row.get(15)?,
+        status,
+        display_status: status.as_str().to_owned(),
+        question: row.get(17)?,
+        questions: Vec::new(),
+        notes: Vec::new(),
+        session_id: row.get(18)?,
+        result,
+        error: row.get(20)?,
+        attempts: row.get(21)?,
+        worker: row.get(22)?,
+        lease_until: row.get(23)?,
+        cancel_requested: row.get(24)?,
+        branch: row.get(25)?,
+        worktree: row.get(26)?,
+        created_at: row.get(27)?,
+        started_at: row.get(28)?,
+        finished_at: row.get(29)?,
+        updated_at: row.get(30)?,
+        not_before: row.get(31)?,
+    })
+}
+
+/// Current time read inside the transaction, so that it is taken while the write lock is held.
+fn now(conn: &Connection) -> Result<f64> {
+    Ok(conn.query_row("SELECT unixepoch('subsec')", [], |r| r.get(0))?)
+}
+
+fn default_title(prompt: &str) -> String {
+    let line = prompt.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or("");
+    let mut title: String = line.chars().take(80).collect();
+    if line.chars().count() > 80 {
+        title.push('…');
+    }
+    title
+}
+
+fn validate(spec: &TaskSpec) -> Result<()> {
+    if spec.prompt.trim().is_empty() {
+        return Err(Error::invalid("prompt", "it is empty; describe the change you want made"));
+    }
+    if spec.prompt.len() > MAX_PROMPT_BYTES {
+        return Err(Error::invalid(
+            "prompt",
+            format!(
+                "it is {} bytes and the limit is {MAX_PROMPT_BYTES} (256 KiB); put large context \
+                 in a file in the repository and refer to it",
+                spec.prompt.len()
+            ),
+        ));
+    }
+    if !PRIORITY_RANGE.contains(&spec.priority) {
+        return Err(Error::invalid(
+            "priority",
+            format!("{} is out of range; use an integer from -100 to 100", spec.priority),
+        ));
+    }
+    if !(1..=20).contains(&spec.max_attempts) {
+        return Err(Error::invalid(
+            "max_attempts",
+            format!("{} is out of range; use 1 to 20", spec.max_attempts),
+        ));
+    }
+    if !(1..=7 * 86_400).contains(&spec.timeout_s) {
+        return Err(Error::invalid(
+            "timeout_s",
+            format!("{} is out of range; use 1 to 604800 seconds", spec.timeout_s),
+        ));
+    }
+    if let Some(q) = spec.question_timeout_s
+        && q < 1
+    {
+        return Err(Error::invalid("question_timeout_s", "must be at least 1 second"));
+    }
+    if !Path::new(&spec.repo).is_absolute() {
+        return Err(Error::invalid(
+            "repo",
+            format!("'{}' is not an absolute path to a repository", spec.repo),
+        ));
+    }
+    if spec.base.trim().is_empty() {
+        return Err(Error::invalid("base", "no base commit was resolved"));
+    }
+    if let Some(model) = &spec.model {
+        let ok = model.split_once('/').is_some_and(|(p, m)| !p.is_empty() && !m.is_empty());
+        if !ok {
+            return Err(Error::invalid(
+                "model",
+                format!(
+                    "'{model}' is not of the form provider/model, e.g. anthropic/claude-sonnet-4-5"
+                ),
+            ));
+        }
+    }
+    if let Some(title) = &spec.title
+        && title.chars().count() > 200
+    {
+        return Err(Error::invalid("title", "it is longer than 200 characters"));
+    }
+    if let Some(key) = &spec.request_id
+        && (key.is_empty() || key.len() > 200)
+    {
+        return Err(Error::invalid("request_id", "use 1 to 200 characters"));
+    }
+    Ok(())
+}
+
+/// Finds a cycle among batch items (existing tasks cannot depend on new ones, so a cycle can only
+/// run through the batch). Returns the path, e.g. `#0 -> #2 -> #0`.
+fn batch_cycle(specs: &[TaskSpec]) -> Option<Vec<String>> {
+    #[derive(Clone, Copy, PartialEq)]
+    enum Mark {
+        New,
+        Open,
+        Closed,
+    }
+    fn visit(i: usize, specs: &[TaskSpec], marks: &mut [Mark], path: &mut Vec<usize>) -> bool {
+        marks[i] = Mark::Open;
+        path.push(i);
+        for dep in &specs[i].depends_on {
+            if let DepRef::Batch(j) = *dep {
+                let mark = marks[j];
+                if mark == Mark::Open {
+                    path.push(j);
+                    return true;
+                }
+                if mark == Mark::New && visit(j, specs, marks, path) {
+                    return true;
+                }
+            }
+        }
+        path.pop();
+        marks[i] = Mark::Closed;
+        false
+    }
+    let mut marks = vec![Mark::New; specs.len()];
+    for i in 0..specs.len() {
+        let mut path = Vec::new();
+        if marks[i] == Mark::New && visit(i, specs, &mut marks, &mut path) {
+            let last = *path.last()?;
+            let start = path.iter().position(|&p| p == last)?;
+            return Some(path[start..].iter().map(|i| format!("#{i}")).collect());
+        }
+    }
+    None
+}
+
+impl Store {
+    /// Opens (creating if needed, mode 0600) the database at `path` and brings its schema up to
+    /// date. The parent directory must exist.
+    pub fn open(path: impl AsRef<Path>) -> Result<Store> {
+        let path = path.as_ref().to_path_buf();
+        crate::home::create_private_file(&path)?;
+        let mut conn = Connection::open(&path).map_err(|e| Error::Open {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })?;
+        conn.busy_handler(Some(busy_handler))?;
+        // WAL + synchronous=FULL: an acknowledged submit survives power loss, not only a crash.
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        conn.pragma_update(None, "foreign_keys", "ON")?;
+        conn.pragma_update(None, "journal_size_limit", 64 * 1024 * 1024)?;
+        if cfg!(target_os = "macos") {
+            conn.pragma_update(None, "fullfsync", "ON")?;
+            conn.pragma_update(None, "checkpoint_fullfsync", "ON")?;
+        }
+        migrate(&mut conn)?;
+        Ok(Store { conn: Mutex::new(conn), path, listeners: Mutex::new(Vec::new()) })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Registers a callback run after every committed write made through this handle. Writers in
+    /// other processes are seen through [`crate::watch::ChangeWatcher`] instead.
+    pub fn on_change(&self, f: impl Fn() + Send + Sync + 'static) {
+        self.listeners.lock().unwrap_or_else(|e| e.into_inner()).push(Arc::new(f));
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Connection> {
+        // A panic while holding the lock cannot leave a half-written transaction behind (it rolls
+        // back on drop), so a poisoned connection is still usable.
+        self.conn.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write<T>(&self, f: impl FnOnce(&Transaction<'_>, f64) -> Result<T>) -> Result<T> {
+        let (out, changed) = {
+            let mut conn = self.lock();
+            let before = conn.total_changes();
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let now = now(&tx)?;
+            let out = f(&tx, now)?;
+            tx.commit()?;
+            (out, conn.total_changes() != before)
+        };
+        // Only real changes wake listeners: a claim that found nothing must not wake the claim
+        // loop that made it.
+        if !changed {
+            return Ok(out);
+        }
+        let listeners = self.listeners.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        for l in listeners {
+            l();
+        }
+        Ok(out)
+    }
+
+    fn read<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
+        let conn = self.lock();
+        f(&conn)
+    }
+
+    // ---- submit -------------------------------------------------------------------------------
+
+    /// Submits one task. With a `request_id` that was seen before, returns the first task and
+    /// `false` instead of creating another.
+    pub fn submit(&self, spec: TaskSpec) -> Result<(Task, bool)> {
+        let mut out = self.submit_batch(vec![spec])?;
+        out.pop().ok_or_else(|| Error::invalid("tasks", "nothing was submitted"))
+    }
+
+    /// Submits several tasks at once, all or none. Items may depend on each other by index
+    /// (`DepRef::Batch`); a cycle is refused.
+    pub fn submit_batch(&self, specs: Vec<TaskSpec>) -> Result<Vec<(Task, bool)>> {
+        if specs.is_empty() {
+            return Err(Error::invalid("tasks", "the batch is empty; give 1 to 20 tasks"));
+        }
+        for (i, spec) in specs.iter().enumerate() {
+            validate(spec).map_err(|e| match e {
+                Error::Invalid { field, message } if specs.len() > 1 => {
+                    Error::Invalid { field, message: format!("task #{i} of the batch: {message}") }
+                }
+                other => other,
+            })?;
+            for dep in &spec.depends_on {
+                if let DepRef::Batch(j) = *dep
+                    && j >= specs.len()
+                {
+                    return Err(Error::invalid(
+                        "depends_on",
+                        format!("'#{j}' names no item of this batch (it has {})", specs.len()),
+                    ));
+                }
+            }
+        }
+        if let Some(cycle) = batch_cycle(&specs) {
+            return Err(Error::DependencyCycle(cycle));
+        }
+        let ids = self.write(|tx, now| {
+            let mut ids: Vec<(TaskId, bool)> = Vec::with_capacity(specs.len());
+            for spec in &specs {
+                if let Some(key) = &spec.request_id {
+                    let existing: Option<i64> = tx
+                        .query_row("SELECT id FROM tasks WHERE request_id = ?1", [key], |r| {
+                            r.get(0)
+                        })
+                        .optional()?;
+                    if let Some(id) = existing {
+                        ids.push((TaskId(id), false));
+                        continue;
+                    }
+                }
+                let title = spec
+                    .title
+                    .clone()
+                    .filter(|t| !t.trim().is_empty())
+                    .unwrap_or_else(|| default_title(&spec.prompt));
+                tx.execute(
+                    "INSERT INTO tasks (title, prompt, repo, base, priority, model, agent, readonly,
+                        no_network, no_shell, worktree_keep, max_attempts, timeout_s,
+                        question_timeout_s, request_id, status, created_at, updated_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15,
+                        'queued', ?16, ?16)",
+                    params![
+                        title,
+                        spec.prompt,
+                        spec.repo,
+                        spec.base,
+                        spec.priority,
+                        spec.model,
+                        spec.agent,
+                        spec.readonly,
+                        spec.no_network,
+                        spec.no_shell,
+                        spec.worktree_keep,
+                        spec.max_attempts,
+                        spec.timeout_s,
+                        spec.question_timeout_s,
+                        spec.request_id,
+                        now,
+                    ],
+                )?;
+                ids.push((TaskId(tx.last_insert_rowid()), true));
+            }
+            for (spec, &(id, created)) in specs.iter().zip(&ids) {
+                if !created {
+                    continue;
+                }
+                for dep in &spec.depends_on {
+                    let dep_id = match *dep {
+                        DepRef::Task(t) => t,
+                        DepRef::Batch(j) => ids[j].0,
+                    };
+                    if dep_id == id {
+                        return Err(Error::DependencyCycle(vec![id.to_string(), id.to_string()]));
+                    }
+                    let status: Option<String> = tx
+                        .query_row("SELECT status FROM tasks WHERE id = ?1", [dep_id.0], |r| {
+                            r.get(0)
+                        })
+                        .optional()?;
+                    match status.as_deref() {
+                        None => {
+                            return Err(Error::invalid(
+                                "depends_on",
+                                format!("task {} does not exist", dep_id.0),
+                            ));
+                        }
+                        Some("failed") | Some("cancelled") => {
+                            return Err(Error::invalid(
+                                "depends_on",
+                                format!(
+                                    "task {} is {}, so this task could never run; retry it first",
+                                    dep_id.0,
+                                    status.unwrap_or_default()
+                                ),
+                            ));
+                        }
+                        Some(_) => {}
+                    }
+                    tx.execute(
+                        "INSERT OR IGNORE INTO task_deps (task_id, depends_on) VALUES (?1, ?2)",
+                        [id.0, dep_id.0],
+                    )?;
+                }
+            }
+            Ok(ids)
+        })?;
+        self.read(|conn| {
+            ids.into_iter().map(|(id, created)| Ok((load_task(conn, id)?, created))).collect()
+        })
+    }
+
+    // ---- reads --------------------------------------------------------------------------------
+
+    pub fn get(&self, id: TaskId) -> Result<Task> {
+        self.read(|conn| load_task(conn, id))
+    }
+
+    /// Tasks matching `filter`, newest first.
+    pub fn list(&self, filter: &ListFilter) -> Result<Vec<Task>> {
+        self.read(|conn| {
+            let mut sql = format!("SELECT {TASK_COLUMNS} FROM tasks t WHERE 1=1");
+            let mut args: Vec<rusqlite::types::Value> = Vec::new();
+            match filter.status {
+                Some(StatusFilter::Is(s)) => {
+                    sql.push_str(" AND status = ?");
+                    args.push(s.as_str().to_owned().into());
+                }
+                Some(StatusFilter::Blocked) => sql.push_str(
+                    " AND status = 'queued' AND EXISTS (SELECT 1 FROM task_deps d JOIN tasks p
+                       ON p.id = d.depends_on WHERE d.task_id = t.id AND p.status != 'done')",
+                ),
+                None => {}
+            }
+            if let Some(repo) = &filter.repo {
+                sql.push_str(" AND repo = ?");
+                args.push(repo.clone().into());
+            }
+            sql.push_str(" ORDER BY id DESC LIMIT ? OFFSET ?");
+            args.push((filter.limit.map_or(-1, |l| l as i64)).into());
+            args.push((filter.offset as i64).into());
+            let mut stmt = conn.prepare(&sql)?;
+            let rows = stmt.query_map(rusqlite::params_from_iter(args), task_from_row)?;
+            let mut tasks = Vec::new();
+            for row in rows {
+                let mut task = row?;
+                fill_relations(conn, &mut task)?;
+                tasks.push(task);
+            }
+            Ok(tasks)
+        })
+    }
+
+    pub fn status(&self) -> Result<QueueStatus> {
+        let workers = self.workers()?;
+        self.read(|conn| {
+            let mut counts: BTreeMap<String, i64> =
+                TaskStatus::ALL.iter().map(|s| (s.as_str().to_owned(), 0)).collect();
+            counts.insert("blocked".into(), 0);
+            let mut stmt = conn.prepare("SELECT status, count(*) FROM tasks GROUP BY status")?;
+            let mut total = 0;
+            for row in stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))? {
+                let (s, n) = row?;
+                total += n;
+                counts.insert(s, n);
+            }
+            let blocked: i64 = conn.query_row(
+                "SELECT count(*) FROM tasks t WHERE status = 'queued' AND EXISTS (SELECT 1 FROM
+                   task_deps d JOIN tasks p ON p.id = d.depends_on
+                   WHERE d.task_id = t.id AND p.status != 'done')",
+                [],
+                |r| r.get(0),
+            )?;
+            counts.insert("blocked".into(), blocked);
+            if let Some(q) = counts.get_mut("queued") {
+                *q -= blocked;
+            }
+            let oldest_queued_age_s: Option<f64> = conn.query_row(
+                "SELECT unixepoch('subsec') - min(created_at) FROM tasks WHERE status = 'queued'",
+                [],
+                |r| r.get(0),
+            )?;
+            let default_model = get_setting(conn, "default_model")?;
+            let workers_alive = workers.iter().filter(|w| !w.stopped && !w.stale).count();
+            Ok(QueueStatus {
+                counts,
+                total,
+                oldest_queued_age_s,
+                workers,
+                workers_alive,
+                default_model,
+            })
+        })
+    }
+
+    // ---- the worker's side -------------------------------------------------------------------
+
+    /// Claims the next runnable task for `worker`: among queued tasks whose dependencies are all
+    /// `done` and whose retry delay has passed, the highest priority, then the oldest (lowest
+    /// id). The lease and the new fencing token are computed inside the same transaction.
+    pub fn claim_next(&self, worker: &str, host: &str, lease: Duration) -> Result<Option<Claim>> {
+        let claimed = self.write(|tx, now| {
+            let row: Option<(i64, i64, Option<String>, Option<String>)> = tx
+                .query_row(
+                    "UPDATE tasks SET status = 'running', worker = ?1, worker_host = ?2,
+                        lease_token = lease_token + 1, lease_until = ?3 + ?4,
+                        attempts = attempts + (pending_answer IS NULL),
+                        started_at = coalesce(started_at, ?3), updated_at = ?3,
+                        agent_pid = NULL, agent_started = NULL, cancel_requested = 0,
+                        not_before = NULL
+                     WHERE id = (
+                        SELECT t.id FROM tasks t
+                         WHERE t.status = 'queued'
+                           AND (t.not_before IS NULL OR t.not_before <= ?3)
+                           AND NOT EXISTS (SELECT 1 FROM task_deps d JOIN tasks p
+                                ON p.id = d.depends_on WHERE d.task_id = t.id AND p.status != 'done')
+                         ORDER BY t.priority DESC, t.id ASC LIMIT 1)
+                     RETURNING id, lease_token, session_id, pending_answer",
+                    params![worker, host, now, lease.as_secs_f64()],
+                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+                )
+                .optional()?;
+            let Some((id, token, session, answer)) = row else { return Ok(None) };
+            let mut stmt = tx.prepare(
+                "UPDATE task_notes SET delivered = 1 WHERE task_id = ?1 AND delivered = 0
+                 RETURNING note",
+            )?;
+            let new_notes =
+                stmt.query_map([id], |r| r.get::<_, String>(0))?.collect::<Result<Vec<_>, _>>()?;
+            let resume = match (session, answer) {
+                (Some(session_id), Some(answer)) => Some(Resume { session_id, answer }),
+                _ => None,
+            };
+            Ok(Some((TaskId(id), token, resume, new_notes)))
+        })?;
+        let Some((id, token, resume, new_notes)) = claimed else { return Ok(None) };
+        let task = self.get(id)?;
+        Ok(Some(Claim { task, token, resume, new_notes }))
+    }
+
+    /// Extends the lease of a running task. Fails with [`Error::StaleLease`] when the token no
+    /// longer matches: the caller must stop the run, another worker may own the task now.
+    pub fn heartbeat(&self, id: TaskId, token: i64, lease: Duration) -> Result<HeartbeatReply> {
+        let mut conn = self.lock();
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let now = now(&tx)?;
+        let cancel: Option<bool> = tx
+            .query_row(
+                "UPDATE tasks SET lease_until = ?1 + ?2 WHERE id = ?3 AND lease_token = ?4
+                   AND status = 'running' RETURNING cancel_requested",
+                params![now, lease.as_secs_f64(), id.0, token],
+                |r| r.get(0),
+            )
+            .optional()?;
+        tx.commit()?;
+        match cancel {
+            Some(cancel_requested) => Ok(HeartbeatReply { cancel_requested }),
+            None => Err(Error::StaleLease { id, token }),
+        }
+    }
+
+    /// Records facts about the current run (agent process, session, branch) under the lease.
+    pub fn record_run(&self, id: TaskId, token: i64, facts: RunFacts) -> Result<()> {
+        self.write(|tx, now| {
+            let n = tx.execute(
+                "UPDATE tasks SET agent_pid = coalesce(?1, agent_pid),
+                    agent_started = coalesce(?2, agent_started),
+                    session_id = coalesce(?3, session_id), branch = coalesce(?4, branch),
+                    worktree = coalesce(?5, worktree), updated_at = ?6
+                 WHERE id = ?7 AND lease_token = ?8 AND status = 'running'",
+                params![
+                    facts.agent_pid,
+                    facts.agent_started,
+                    facts.session_id,
+                    facts.branch,
+                    facts.worktree,
+                    now,
+                    id.0,
+                    token
+                ],
+            )?;
+            if n == 0 { Err(Error::StaleLease { id, token }) } else { Ok(()) }
+        })
+    }
+
+    /// Ends a run. Rejected with [`Error::StaleLease`] unless `token` is the current one and the
+    /// task is still running: a worker that lost its lease cannot overwrite the next run's work.
+    pub fn finish(&self, id: TaskId, token: i64, outcome: Outcome) -> Result<Task> {
+        self.write(|tx, now| {
+            let row: Option<(i64, i64)> = tx
+                .query_row(
+                    "SELECT attempts, max_attempts FROM tasks
+                      WHERE id = ?1 AND lease_token = ?2 AND status = 'running'",
+                    params![id.0, token],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .optional()?;
+            let Some((attempts, max_attempts)) = row else {
+                return Err(Error::StaleLease { id, token });
+            };
+            let json = |v: &Option<serde_json::Value>| v.as_ref().map(|v| v.to_string());
+            // Fields every end of a run clears.
+            const END_RUN: &str = "lease_until = NULL, pending_answer = NULL, \
+                cancel_requested = 0, agent_pid = NULL, agent_started = NULL";
+            match outcome {
+                Outcome::Done { result } => {
+                    tx.execute(
+                        &format!(
+                            "UPDATE tasks SET status = 'done', result = ?1, error = NULL,
+                               question = NULL, finished_at = ?2, updated_at = ?2, {END_RUN}
+                             WHERE id = ?3"
+                        ),
+                        params![result.to_string(), now, id.0],
+                    )?;
+                }
+                Outcome::Failed { error, result, backoff_s } if attempts < max_attempts => {
+                    tx.execute(
+                        &format!(
+                            "UPDATE tasks SET status = 'queued', result = ?1, error = ?2,
+                               worker = NULL, not_before = ?3 + ?4, updated_at = ?3, {END_RUN}
+                             WHERE id = ?5"
+                        ),
+                        params![json(&result), error, now, backoff_s.max(0.0), id.0],
+                    )?;
+                }
+                Outcome::Failed { error, result, .. }
+                | Outcome::FailedPermanently { error, result } => {
+                    end_terminal(tx, now, id, TaskStatus::Failed, Some(&error), json(&result))?;
+                }
+                Outcome::Cancelled { result } => {
+                    end_terminal(tx, now, id, TaskStatus::Cancelled, None, json(&result))?;
+                }
+                Outcome::Waiting { question, session_id, result } => {
+                    tx.execute(
+                        &format!(
+                            "UPDATE tasks SET status = 'waiting', question = ?1, session_id = ?2,
+                               asked_at = ?3, result = coalesce(?4, result), updated_at = ?3,
+                               {END_RUN}
+                             WHERE id = ?5"
+                        ),
+                        params![question, session_id, now, json(&result), id.0],
+                    )?;
+                    tx.execute(
+                        "INSERT INTO task_questions (task_id, question, asked_at) VALUES (?1, ?2, ?3)",
+                        params![id.0, question, now],
+                    )?;
+                }
+            }
+            load_task(tx, id)
+        })
+    }
+
+    /// Requeues tasks whose lease expired (their worker died or hung), or fails them once their
+    /// attempts are used up; fails waiting tasks whose question timed out. Returns what was
+    /// reaped so the caller can kill orphaned agents that run on its host.
+    pub fn reap_expired(&self) -> Result<Vec<Reaped>> {
+        self.write(|tx, now| {
+            let mut stmt = tx.prepare(
+                "SELECT id, attempts, max_attempts, agent_pid, agent_started, worker_host
+                   FROM tasks WHERE status = 'running' AND lease_until < ?1",
+            )?;
+            let expired = stmt
+                .query_map([now], |r| {
+                    Ok((
+                        TaskId(r.get(0)?),
+                        r.get::<_, i64>(1)?,
+                        r.get::<_, i64>(2)?,
+                        r.get(3)?,
+                        r.get(4)?,
+                        r.get(5)?,
+                    ))
+                })?
+                .collect::<Result<Vec<_>, _>>()?;
+            let mut reaped = Vec::new();
+            for (id, attempts, max_attempts, agent_pid, agent_started, worker_host) in expired {
+                let requeued = attempts < max_attempts;
+                let error = "the worker running this task stopped responding (its lease expired)";
+                if requeued {
+                    tx.execute(
+                        "UPDATE tasks SET status = 'queued', worker = NULL, lease_until = NULL,
+                           error = ?1, updated_at = ?2 WHERE id = ?3",
+                        params![format!("{error}; requeued"), now, id.0],
+                    )?;
+                } else {
+                    let msg =
+                        format!("{error} and no attempts are left ({attempts} of {max_attempts})");
+                    end_terminal(tx, now, id, TaskStatus::Failed, Some(&msg), None)?;
+                }
+                reaped.push(Reaped { id, requeued, agent_pid, agent_started, worker_host });
+            }
+            let mut stmt = tx.prepare(
+                "SELECT id, question_timeout_s FROM tasks WHERE status = 'waiting'
+                   AND question_timeout_s IS NOT NULL AND asked_at + question_timeout_s < ?1",
+            )?;
+            let timed_out = stmt
+                .query_map([now], |r| Ok((TaskId(r.get(0)?), r.get::<_, i64>(1)?)))?
+                .collect::<Result<Vec<_>, _>>()?;
+            for (id, secs) in timed_out {
+                let msg = format!("the question was not answered within {secs} s");
+                end_terminal(tx, now, id, TaskStatus::Failed, Some(&msg), None)?;
+            }
+            Ok(reaped)
+        })
+    }
+
+    // ---- the user's side ---------------------------------------------------------------------
+
+    /// Cancels a task. Queued and waiting tasks end at once; a running task gets a cancel request
+    /// that its worker acts on within a heartbeat.
+    pub fn cancel(&self, id: TaskId) -> Result<Task> {
+        self.write(|tx, now| {
+            let status = status_of(tx, id)?;
+            match status {
+                TaskStatus::Queued | TaskStatus::Waiting => {
+                    end_terminal(tx, now, id, TaskStatus::Cancelled, None, None)?;
+                }
+                TaskStatus::Running => {
+                    tx.execute(
+                        "UPDATE tasks SET cancel_requested = 1, updated_at = ?1 WHERE id = ?2",
+                        params![now, id.0],
+                    )?;
+                }
+                from => {
+                    return Err(Error::InvalidTransition {
+                        id,
+                        from,
+                        action: "cancel",
+                        allowed: "queued, running or waiting",
+                    });
+                }
+            }
+            load_task(tx, id)
+        })
+    }
+
+    /// Runs a failed or cancelled task again from a fresh session (its branch and worktree, if
+    /// any, are reused). Tasks that failed only because this one did are requeued with it.
+    pub fn retry(&self, id: TaskId) -> Result<Task> {
+        self.write(|tx, now| {
+            let from = status_of(tx, id)?;
+            if !matches!(from, TaskStatus::Failed | TaskStatus::Cancelled) {
+                return Err(Error::InvalidTransition {
+                    id,
+                    from,
+                    action: "retry",
+                    allowed: "failed or cancelled",
+                });
+            }
+            let dead_dep: Option<(i64, String)> = tx
+                .query_row(
+                    "SELECT p.id, p.status FROM task_deps d JOIN tasks p ON p.id = d.depends_on
+                      WHERE d.task_id = ?1 AND p.status IN ('failed', 'cancelled') LIMIT 1",
+                    [id.0],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .optional()?;
+            if let Some((dep, status)) = dead_dep {
+                return Err(Error::invalid(
+                    "task_id",
+                    format!(
+                        "task {} depends on task {dep}, which is {status}; retry task {dep} \
+                         instead and this one follows",
+                        id.0
+                    ),
+                ));
+            }
+            let mut stack = vec![id];
+            while let Some(t) = stack.pop() {
+                tx.execute(
+                    "UPDATE tasks SET status = 'queued', attempts = 0, error = NULL,
+                       not_before = NULL, finished_at = NULL, cancel_requested = 0,
+                       question = NULL, session_id = NULL, pending_answer = NULL, worker = NULL,
+                       failed_dependency = NULL, updated_at = ?1 WHERE id = ?2",
+                    params![now, t.0],
+                )?;
+                let mut stmt = tx.prepare(
+                    "SELECT id FROM tasks WHERE status = 'failed' AND failed_dependency = ?1",
+                )?;
+                for dep in stmt.query_map([t.0], |r| r.get(0))? {
+                    stack.push(TaskId(dep?));
+                }
+            }
+            load_task(tx, id)
+        })
+    }
+
+    /// Answers a waiting task's question; the task is requeued to resume the same agent session.
+    pub fn answer(&self, id: TaskId, answer: &str) -> Result<Task> {
+        if answer.trim().is_empty() {
+            return Err(Error::invalid(
+                "answer",
+                "it is empty; write the decision the agent asked for",
+            ));
+        }
+        if answer.len() > MAX_PROMPT_BYTES {
+            return Err(Error::invalid("answer", "it is over 256 KiB"));
+        }
+        self.write(|tx, now| {
+            let from = status_of(tx, id)?;
+            if from != TaskStatus::Waiting {
+                return Err(Error::InvalidTransition {
+                    id,
+                    from,
+                    action: "answer",
+                    allowed: "waiting (it asked a question)",
+                });
+            }
+            tx.execute(
+                "UPDATE tasks SET status = 'queued', pending_answer = ?1, question = NULL,
+                   asked_at = NULL, worker = NULL, updated_at = ?2 WHERE id = ?3",
+                params![answer, now, id.0],
+            )?;
+            tx.execute(
+                "UPDATE task_questions SET answer = ?1, answered_at = ?2
+                  WHERE id = (SELECT max(id) FROM task_questions WHERE task_id = ?3)",
+                params![answer, now, id.0],
+            )?;
+            load_task(tx, id)
+        })
+    }
+
+    /// Adds a note. A queued task's agent gets it with the prompt; a waiting one with the answer;
+    /// a running one at its next resume.
+    pub fn note(&self, id: TaskId, note: &str) -> Result<Task> {
+        if note.trim().is_empty() {
+            return Err(Error::invalid("note", "it is empty"));
+        }
+        if note.len() > MAX_PROMPT_BYTES {
+            return Err(Error::invalid("note", "it is over 256 KiB"));
+        }
+        self.write(|tx, now| {
+            let from = status_of(tx, id)?;
+            if from.is_terminal() {
+                return Err(Error::InvalidTransition {
+                    id,
+                    from,
+                    action: "note",
+                    allowed: "queued, running or waiting",
+                });
+            }
+            tx.execute(
+                "INSERT INTO task_notes (task_id, note, created_at) VALUES (?1, ?2, ?3)",
+                params![id.0, note, now],
+            )?;
+            tx.execute("UPDATE tasks SET updated_at = ?1 WHERE id = ?2", params![now, id.0])?;
+            load_task(tx, id)
+        })
+    }
+
+    pub fn set_priority(&self, id: TaskId, priority: i64) -> Result<Task> {
+        if !PRIORITY_RANGE.contains(&priority) {
+            return Err(Error::invalid(
+                "priority",
+                format!("{priority} is out of range; use an integer from -100 to 100"),
+            ));
+        }
+        self.write(|tx, now| {
+            let from = status_of(tx, id)?;
+            if from.is_terminal() {
+                return Err(Error::InvalidTransition {
+                    id,
+                    from,
+                    action: "set_priority",
+                    allowed: "queued, running or waiting",
+                });
+            }
+            tx.execute(
+                "UPDATE tasks SET priority = ?1, updated_at = ?2 WHERE id = ?3",
+                params![priority, now, id.0],
+            )?;
+            load_task(tx, id)
+        })
+    }
+
+    /// Deletes finished tasks in `statuses` that finished at least `older_than_s` ago and
+    /// returns them, so the caller can remove their logs and worktrees.
+    pub fn clear(&self, older_than_s: f64, statuses: &[TaskStatus]) -> Result<Vec<Task>> {
+        if let Some(s) = statuses.iter().find(|s| !s.is_terminal()) {
+            return Err(Error::invalid(
+                "statuses",
+                format!(
+                    "'{s}' tasks are not finished; only done, failed and cancelled can be cleared"
+                ),
+            ));
+        }
+        if older_than_s < 0.0 || !older_than_s.is_finite() {
+            return Err(Error::invalid("older_than_s", "use a duration of 0 or more seconds"));
+        }
+        self.write(|tx, now| {
+            let mut out = Vec::new();
+            for s in statuses {
+                let mut stmt = tx.prepare(
+                    "SELECT id FROM tasks WHERE status = ?1 AND coalesce(finished_at, updated_at) <= ?2",
+                )?;
+                let ids = stmt
+                    .query_map(params![s.as_str(), now - older_than_s], |r| r.get(0))?
+                    .collect::<Result<Vec<i64>, _>>()?;
+                for id in ids {
+                    out.push(load_task(tx, TaskId(id))?);
+                    tx.execute("DELETE FROM tasks WHERE id = ?1", [id])?;
+                }
+            }
+            Ok(out)
+        })
+    }
+
+    // ---- workers and settings ----------------------------------------------------------------
+
+    pub fn register_worker(
+        &self,
+        id: &str,
+        pid: u32,
+        host: &str,
+        concurrency: usize,
+    ) -> Result<()> {
+        self.write(|tx, now| {
+            tx.execute(
+                "INSERT OR REPLACE INTO workers (id, pid, host, started_at, heartbeat_at, concurrency)
+                 VALUES (?1, ?2, ?3, ?4, ?4, ?5)",
+                params![id, pid, host, now, concurrency as i64],
+            )?;
+            Ok(())
+        })
+    }
+
+    pub fn worker_heartbeat(&self, id: &str) -> Result<()> {
+        let conn = self.lock();
+        conn.execute("UPDATE workers SET heartbeat_at = unixepoch('subsec') WHERE id = ?1", [id])?;
+        Ok(())
+    }
+
+    pub fn worker_stopped(&self, id: &str) -> Result<()> {
+        self.write(|tx, now| {
+            tx.execute("UPDATE workers SET stopped_at = ?1 WHERE id = ?2", params![now, id])?;
+            Ok(())
+        })
+    }
+
+    /// Workers that are alive or stopped within the last day.
+    pub fn workers(&self) -> Result<Vec<WorkerInfo>> {
+        self.read(|conn| {
+            let mut stmt = conn.prepare(
+                "SELECT w.id, w.pid, w.host, w.started_at, w.heartbeat_at, w.concurrency,
+                        w.stopped_at IS NOT NULL, unixepoch('subsec') - w.heartbeat_at,
+                        (SELECT group_concat(t.id) FROM tasks t
+                          WHERE t.worker = w.id AND t.status = 'running')
+                   FROM workers w
+                  WHERE w.stopped_at IS NULL OR w.stopped_at > unixepoch('subsec') - 86400
+                  ORDER BY w.started_at",
+            )?;
+            let rows = stmt.query_map([], |r| {
+                let stopped: bool = r.get(6)?;
+                let silent_for: f64 = r.get(7)?;
+                let current: Option<String> = r.get(8)?;
+                Ok(WorkerInfo {
+                    id: r.get(0)?,
+                    pid: r.get(1)?,
+                    host: r.get(2)?,
+                    started_at: r.get(3)?,
+                    heartbeat_at: r.get(4)?,
+                    concurrency: r.get(5)?,
+                    current_tasks: current
+                        .unwrap_or_default()
+                        .split(',')
+                        .filter_map(|s| s.parse().ok().map(TaskId))
+                        .collect(),
+                    stopped,
+                    stale: !stopped && silent_for > WORKER_STALE_AFTER_S,
+                })
+            })?;
+            Ok(rows.collect::<Result<Vec<_>, _>>()?)
+        })
+    }
+
+    /// Requeues the running tasks of a worker that is known to be dead (e.g. a stale one being
+    /// restarted); the attempt counts, as with an expired lease.
+    pub fn release_worker_tasks(&self, worker: &str) -> Result<Vec<TaskId>> {
+        self.write(|tx, now| {
+            let mut stmt = tx.prepare(
+                "UPDATE tasks SET lease_until = ?1 - 1 WHERE worker = ?2 AND status = 'running'
+                 RETURNING id",
+            )?;
+            let ids = stmt
+                .query_map(params![now, worker], |r| r.get(0).map(TaskId))?
+                .collect::<Result<Vec<_>, _>>()?;
+            tx.execute("UPDATE workers SET stopped_at = ?1 WHERE id = ?2", params![now, worker])?;
+            Ok(ids)
+        })
+    }
+
+    pub fn setting(&self, key: &str) -> Result<Option<String>> {
+        self.read(|conn| get_setting(conn, key))
+    }
+
+    pub fn set_setting(&self, key: &str, value: &str) -> Result<()> {
+        self.write(|tx, _| {
+            tx.execute(
+                "INSERT INTO settings (key, value) VALUES (?1, ?2)
+                 ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                [key, value],
+            )?;
+            Ok(())
+        })
+    }
+
+    /// `PRAGMA integrity_check`, for crash tests and `taskbridge status`.
+    pub fn integrity_check(&self) -> Result<String> {
+        self.read(|conn| Ok(conn.query_row("PRAGMA integrity_check", [], |r| r.get(0))?))
+    }
+}
+
+/// Facts recorded during a run; `None` leaves a field as it is.
+#[derive(Debug, Clone, Default)]
+pub struct RunFacts {
+    pub agent_pid: Option<i64>,
+    pub agent_started: Option<String>,
+    pub session_id: Option<String>,
+    pub branch: Option<String>,
+    pub worktree: Option<String>,
+}
+
+fn get_setting(conn: &Connection, key: &str) -> Result<Option<String>> {
+    Ok(conn
+        .query_row("SELECT value FROM settings WHERE key = ?1", [key], |r| r.get(0))
+        .optional()?)
+}
+
+fn status_of(conn: &Connection, id: TaskId) -> Result<TaskStatus> {
+    let s: Option<String> = conn
+        .query_row("SELECT status FROM tasks WHERE id = ?1", [id.0], |r| r.get(0))
+        .optional()?;
+    let s = s.ok_or(Error::NotFound(id))?;
+    Ok(status_from_sql(&s)?)
+}
+
+/// Moves a task to a terminal state and fails every queued or waiting task that depends on it,
+/// directly or not, naming the dependency that ended.
+fn end_terminal(
+    tx: &Transaction<'_>,
+    now: f64,
+    id: TaskId,
+    to: TaskStatus,
+    error: Option<&str>,
+    result: Option<String>,
+) -> Result<()> {
+    let from = status_of(tx, id)?;
+    if !from.can_become(to) {
+        return Err(Error::InvalidTransition {
+            id,
+            from,
+            action: to.as_str(),
+            allowed: "not finished",
+        });
+    }
+    tx.execute(
+        "UPDATE tasks SET status = ?1, error = coalesce(?2, error), result = coalesce(?3, result),
+           finished_at = ?4, updated_at = ?4, lease_until = NULL, pending_answer = NULL,
+           cancel_requested = 0, agent_pid = NULL, agent_started = NULL,
+           question = CASE WHEN ?1 = 'waiting' THEN question ELSE NULL END
+         WHERE id = ?5",
+        params![to.as_str(), error, result, now, id.0],
+    )?;
+    let mut stack = vec![(id, to)];
+    while let Some((dep, how)) = stack.pop() {
+        let mut stmt = tx.prepare(
+            "SELECT t.id FROM task_deps d JOIN tasks t ON t.id = d.task_id
+              WHERE d.depends_on = ?1 AND t.status IN ('queued', 'waiting')",
+        )?;
+        let dependents =
+            stmt.query_map([dep.0], |r| r.get(0).map(TaskId))?.collect::<Result<Vec<_>, _>>()?;
+        for t in dependents {
+            let verb = if how == TaskStatus::Cancelled { "was cancelled" } else { "failed" };
+            tx.execute(
+                "UPDATE tasks SET status = 'failed', error = ?1, failed_dependency = ?2,
+                   finished_at = ?3, updated_at = ?3 WHERE id = ?4",
+                params![format!("dependency task {} {verb}", dep.0), id.0, now, t.0],
+            )?;
+            stack.push((t, TaskStatus::Failed));
+        }
+    }
+    Ok(())
+}
+
+fn load_task(conn: &Connection, id: TaskId) -> Result<Task> {
+    let mut task = conn
+        .query_row(
+            &format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?1"),
+            [id.0],
+            task_from_row,
+        )
+        .optional()?
+        .ok_or(Error::NotFound(id))?;
+    fill_relations(conn, &mut task)?;
+    Ok(task)
+}
+
+fn fill_relations(conn: &Connection, task: &mut Task) -> Result<()> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT d.depends_on, coalesce(p.status, 'done') FROM task_deps d
+           LEFT JOIN tasks p ON p.id = d.depends_on WHERE d.task_id = ?1 ORDER BY d.depends_on",
+    )?;
+    for row in stmt.query_map([task.id.0], |r| Ok((r.get(0)?, r.get::<_, String>(1)?)))? {
+        let (dep, status) = row?;
+        task.depends_on.push(TaskId(dep));
+        if status != "done" {
+            task.waiting_on.push(TaskId(dep));
+        }
+    }
+    if task.is_blocked() {
+        task.display_status = "blocked".into();
+    }
+    let mut stmt = conn.prepare_cached(
+        "SELECT note, created_at, delivered FROM task_notes WHERE task_id = ?1 ORDER BY id",
+    )?;
+    task.notes = stmt
+        .query_map([task.id.0], |r| {
+            Ok(Note { note: r.get(0)?, created_at: r.get(1)?, delivered: r.get(2)? })
+        })?
+        .collect::<Result<_, _>>()?;
+    let mut stmt = conn.prepare_cached(
+        "SELECT question, asked_at, answer, answered_at FROM task_questions WHERE task_id = ?1
+          ORDER BY id",
+    )?;
+    task.questions = stmt
+        .query_map([task.id.0], |r| {
+            Ok(QuestionRound {
+                question: r.get(0)?,
+                asked_at: r.get(1)?,
+                answer: r.get(2)?,
+                answered_at: r.get(3)?,
+            })
+        })?
+        .collect::<Result<_, _>>()?;
+    Ok(())
+}
+
+fn migrate(conn: &mut Connection) -> Result<()> {
+    // IMMEDIATE: two processes opening a new database at once must not both run migration 1.
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let version: i64 = tx.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    let known = MIGRATIONS.len() as i64;
+    if version > known {
+        return Err(Error::SchemaTooNew { found: version, known });
+    }
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {
+        tx.execute_batch(sql)?;
+        tx.pragma_update(None, "user_version", i as i64 + 1)?;
+    }
+    tx.commit()?;
+    Ok(())
+}

@@ -1,0 +1,102 @@
+//! Noticing commits made by other processes.
+//!
+//! The database is the only channel between TaskBridge processes, so a worker must learn quickly
+//! that another process submitted a task. Two layers (queue-and-process-facts.md §6): on Linux an
+//! inotify watch on the database's directory fires when the `-wal` file is written, typically
+//! well under a millisecond after the commit; and a `PRAGMA data_version` poll on a connection of
+//! its own catches anything the edge signal missed (and is the only layer elsewhere).
+
+use crate::error::Result;
+use rusqlite::Connection;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+/// How often the safety-net poll runs where a file watch is in place, and where it is not.
+const POLL_WITH_WATCH: Duration = Duration::from_millis(250);
+const POLL_WITHOUT_WATCH: Duration = Duration::from_millis(20);
+
+/// Calls a callback soon after any process commits to the database. Dropping it stops the poll;
+/// the watch thread ends at its next event.
+pub struct ChangeWatcher {
+    stop: Arc<AtomicBool>,
+}
+
+impl ChangeWatcher {
+    pub fn spawn(db_path: &Path, on_change: impl Fn() + Send + Sync + 'static) -> Result<Self> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let on_change: Arc<dyn Fn() + Send + Sync> = Arc::new(on_change);
+        let watching = spawn_file_watch(db_path, stop.clone(), on_change.clone());
+        let interval = if watching { POLL_WITH_WATCH } else { POLL_WITHOUT_WATCH };
+        let conn = Connection::open(db_path)?;
+        let poll_stop = stop.clone();
+        std::thread::Builder::new()
+            .name("taskbridge-db-poll".into())
+            .spawn(move || {
+                let version = |c: &Connection| -> Option<i64> {
+                    c.query_row("PRAGMA data_version", [], |r| r.get(0)).ok()
+                };
+                let mut last = version(&conn);
+                while !poll_stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(interval);
+                    let now = version(&conn);
+                    if now != last {
+                        last = now;
+                        on_change();
+                    }
+                }
+            })
+            .map_err(|e| crate::Error::Io {
+                context: "starting the poll thread".into(),
+                source: e,
+            })?;
+        Ok(ChangeWatcher { stop })
+    }
+}
+
+impl Drop for ChangeWatcher {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+#[cfg(target_os = "linux")]
+fn spawn_file_watch(
+    db_path: &Path,
+    stop: Arc<AtomicBool>,
+    on_change: Arc<dyn Fn() + Send + Sync>,
+) -> bool {
+    use inotify::{Inotify, WatchMask};
+    let dir = db_path.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
+    let Some(name) = db_path.file_name().map(|n| n.to_os_string()) else { return false };
+    let mut wal = name.clone();
+    wal.push("-wal");
+    let Ok(mut inotify) = Inotify::init() else { return false };
+    if inotify
+        .watches()
+        .add(&dir, WatchMask::MODIFY | WatchMask::CREATE | WatchMask::MOVED_TO)
+        .is_err()
+    {
+        return false;
+    }
+    std::thread::Builder::new()
+        .name("taskbridge-db-watch".into())
+        .spawn(move || {
+            let mut buf = [0u8; 4096];
+            while !stop.load(Ordering::Relaxed) {
+                let Ok(events) = inotify.read_events_blocking(&mut buf) else { return };
+                let relevant =
+                    events.into_iter().any(|e| e.name.is_some_and(|n| n == wal || n == name));
+                if relevant {
+                    on_change();
+                }
+            }
+        })
+        .is_ok()
+}
+
+#[cfg(not(target_os = "linux"))]
+fn spawn_file_watch(_: &Path, _: Arc<AtomicBool>, _: Arc<dyn Fn() + Send + Sync>) -> bool {
+    false
+}

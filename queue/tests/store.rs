@@ -1,0 +1,610 @@
+//! The store against a real SQLite file: transitions, claim order, dependencies, idempotency,
+//! bad input, leases and fencing, several processes at once, and kill -9 during submits.
+#![allow(clippy::unwrap_used)] // test helpers outside #[test] functions
+
+use proptest::prelude::*;
+use std::collections::HashSet;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+use taskbridge_queue::*;
+
+const LEASE: Duration = Duration::from_secs(30);
+
+fn open() -> (tempfile::TempDir, Store) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("q.db")).unwrap();
+    (dir, store)
+}
+
+fn spec(prompt: &str) -> TaskSpec {
+    TaskSpec::new(prompt, "/tmp/repo", "0123456789abcdef0123456789abcdef01234567")
+}
+
+fn submit(store: &Store, prompt: &str) -> TaskId {
+    store.submit(spec(prompt)).unwrap().0.id
+}
+
+fn claim(store: &Store) -> Option<Claim> {
+    store.claim_next("w1", "host", LEASE).unwrap()
+}
+
+fn done() -> Outcome {
+    Outcome::Done { result: serde_json::json!({"summary": "ok"}) }
+}
+
+#[test]
+fn submit_stores_every_field_and_defaults() {
+    let (_d, store) = open();
+    let (task, created) = store.submit(spec("Fix the parser\nmore detail")).unwrap();
+    assert!(created);
+    assert_eq!(task.status, TaskStatus::Queued);
+    assert_eq!(task.title, "Fix the parser");
+    assert_eq!(task.priority, 0);
+    assert_eq!(task.max_attempts, 2);
+    assert_eq!(task.timeout_s, 3600);
+    assert_eq!(store.get(task.id).unwrap(), task);
+}
+
+#[test]
+fn happy_path_queued_running_done() {
+    let (_d, store) = open();
+    let id = submit(&store, "a");
+    let c = claim(&store).unwrap();
+    assert_eq!(c.task.id, id);
+    assert_eq!(c.task.status, TaskStatus::Running);
+    assert_eq!(c.task.attempts, 1);
+    assert!(claim(&store).is_none(), "a running task is never claimed twice");
+    let t = store.finish(id, c.token, done()).unwrap();
+    assert_eq!(t.status, TaskStatus::Done);
+    assert!(t.finished_at.is_some());
+    assert_eq!(t.result.unwrap()["summary"], "ok");
+}
+
+#[test]
+fn forbidden_transitions_are_errors_and_write_nothing() {
+    let (_d, store) = open();
+    let id = submit(&store, "a");
+    let before = store.get(id).unwrap();
+    assert!(matches!(store.answer(id, "x"), Err(Error::InvalidTransition { .. })));
+    assert!(matches!(store.retry(id), Err(Error::InvalidTransition { .. })));
+    assert_eq!(store.get(id).unwrap(), before);
+
+    let c = claim(&store).unwrap();
+    store.finish(id, c.token, done()).unwrap();
+    for (what, r) in [
+        ("cancel", store.cancel(id)),
+        ("retry", store.retry(id)),
+        ("answer", store.answer(id, "x")),
+        ("note", store.note(id, "x")),
+        ("priority", store.set_priority(id, 5)),
+    ] {
+        let err = r.unwrap_err();
+        assert!(matches!(err, Error::InvalidTransition { .. }), "{what}: {err}");
+        assert!(err.to_string().contains("is done"), "{what}: {err}");
+    }
+    // A finished run cannot be finished again, even with the right token.
+    assert!(matches!(store.finish(id, c.token, done()), Err(Error::StaleLease { .. })));
+}
+
+#[test]
+fn cancel_queued_waiting_and_running() {
+    let (_d, store) = open();
+    let q = submit(&store, "queued");
+    assert_eq!(store.cancel(q).unwrap().status, TaskStatus::Cancelled);
+
+    let r = submit(&store, "running");
+    let c = claim(&store).unwrap();
+    let t = store.cancel(r).unwrap();
+    assert_eq!(t.status, TaskStatus::Running, "a running task is cancelled by its worker");
+    assert!(t.cancel_requested);
+    assert!(store.heartbeat(r, c.token, LEASE).unwrap().cancel_requested);
+    let t = store.finish(r, c.token, Outcome::Cancelled { result: None }).unwrap();
+    assert_eq!(t.status, TaskStatus::Cancelled);
+
+    let w = submit(&store, "waiting");
+    let c = claim(&store).unwrap();
+    store
+        .finish(
+            w,
+            c.token,
+            Outcome::Waiting {
+                question: "A or B?".into(),
+                session_id: "ses_1".into(),
+                result: None,
+            },
+        )
+        .unwrap();
+    assert_eq!(store.cancel(w).unwrap().status, TaskStatus::Cancelled);
+}
+
+#[test]
+fn question_answer_resumes_the_same_session_without_using_an_attempt() {
+    let (_d, store) = open();
+    let id = submit(&store, "a");
+    let c = claim(&store).unwrap();
+    assert!(c.resume.is_none());
+    let t = store
+        .finish(
+            id,
+            c.token,
+            Outcome::Waiting {
+                question: "Which DB?".into(),
+                session_id: "ses_9".into(),
+                result: None,
+            },
+        )
+        .unwrap();
+    assert_eq!(t.status, TaskStatus::Waiting);
+    assert_eq!(t.question.as_deref(), Some("Which DB?"));
+    assert!(claim(&store).is_none(), "a waiting task is not runnable");
+
+    store.note(id, "remember the migration").unwrap();
+    let t = store.answer(id, "Postgres").unwrap();
+    assert_eq!(t.status, TaskStatus::Queued);
+    assert_eq!(t.questions.len(), 1);
+    assert_eq!(t.questions[0].answer.as_deref(), Some("Postgres"));
+
+    let c = claim(&store).unwrap();
+    assert_eq!(c.resume, Some(Resume { session_id: "ses_9".into(), answer: "Postgres".into() }));
+    assert_eq!(c.new_notes, vec!["remember the migration".to_string()]);
+    assert_eq!(c.task.attempts, 1, "resuming is the same attempt");
+    // A second round works the same way.
+    store
+        .finish(
+            id,
+            c.token,
+            Outcome::Waiting {
+                question: "Index?".into(),
+                session_id: "ses_9".into(),
+                result: None,
+            },
+        )
+        .unwrap();
+    store.answer(id, "yes").unwrap();
+    let c = claim(&store).unwrap();
+    assert_eq!(c.resume.unwrap().answer, "yes");
+    assert_eq!(store.get(id).unwrap().questions.len(), 2);
+}
+
+#[test]
+fn failed_attempt_is_retried_with_backoff_then_fails() {
+    let (_d, store) = open();
+    let id = submit(&store, "a");
+    let c = claim(&store).unwrap();
+    let t = store
+        .finish(
+            id,
+            c.token,
+            Outcome::Failed { error: "API 500".into(), result: None, backoff_s: 3600.0 },
+        )
+        .unwrap();
+    assert_eq!(t.status, TaskStatus::Queued);
+    assert_eq!(t.error.as_deref(), Some("API 500"));
+    assert!(claim(&store).is_none(), "the backoff delays the retry");
+
+    let id2 = submit(&store, "b");
+    let c = claim(&store).unwrap();
+    assert_eq!(c.task.id, id2);
+    store
+        .finish(id2, c.token, Outcome::Failed { error: "e1".into(), result: None, backoff_s: 0.0 })
+        .unwrap();
+    let c = claim(&store).unwrap();
+    assert_eq!(c.task.attempts, 2);
+    let t = store
+        .finish(id2, c.token, Outcome::Failed { error: "e2".into(), result: None, backoff_s: 0.0 })
+        .unwrap();
+    assert_eq!(t.status, TaskStatus::Failed, "max_attempts 2 is used up");
+    assert_eq!(t.error.as_deref(), Some("e2"));
+
+    let t = store.retry(id2).unwrap();
+    assert_eq!((t.status, t.attempts, t.error), (TaskStatus::Queued, 0, None));
+}
+
+#[test]
+fn dependency_failure_propagates_transitively_and_retry_revives_the_chain() {
+    let (_d, store) = open();
+    let a = submit(&store, "a");
+    let mut s = spec("b");
+    s.depends_on = vec![DepRef::Task(a)];
+    let b = store.submit(s).unwrap().0.id;
+    let mut s = spec("c");
+    s.depends_on = vec![DepRef::Task(b)];
+    let c_id = store.submit(s).unwrap().0.id;
+    assert_eq!(store.get(b).unwrap().display_status, "blocked");
+
+    let c = claim(&store).unwrap();
+    assert_eq!(c.task.id, a, "blocked tasks are not claimed");
+    store
+        .finish(a, c.token, Outcome::FailedPermanently { error: "boom".into(), result: None })
+        .unwrap();
+    let tb = store.get(b).unwrap();
+    let tc = store.get(c_id).unwrap();
+    assert_eq!(tb.status, TaskStatus::Failed);
+    assert_eq!(tb.error.as_deref(), Some(format!("dependency task {} failed", a.0).as_str()));
+    assert_eq!(tc.status, TaskStatus::Failed);
+    assert_eq!(tc.error.as_deref(), Some(format!("dependency task {} failed", b.0).as_str()));
+
+    let err = store.retry(b).unwrap_err().to_string();
+    assert!(err.contains(&format!("retry task {}", a.0)), "{err}");
+    store.retry(a).unwrap();
+    assert_eq!(store.get(b).unwrap().display_status, "blocked");
+    assert_eq!(store.get(c_id).unwrap().status, TaskStatus::Queued);
+}
+
+#[test]
+fn cancelling_a_dependency_fails_its_dependents_with_its_name() {
+    let (_d, store) = open();
+    let a = submit(&store, "a");
+    let mut s = spec("b");
+    s.depends_on = vec![DepRef::Task(a)];
+    let b = store.submit(s).unwrap().0.id;
+    store.cancel(a).unwrap();
+    let t = store.get(b).unwrap();
+    assert_eq!(t.status, TaskStatus::Failed);
+    assert_eq!(t.error.unwrap(), format!("dependency task {} was cancelled", a.0));
+}
+
+#[test]
+fn idempotent_submit_returns_the_first_task() {
+    let (_d, store) = open();
+    let mut s = spec("a");
+    s.request_id = Some("req-1".into());
+    let (first, created) = store.submit(s.clone()).unwrap();
+    assert!(created);
+    s.prompt = "different".into();
+    let (again, created) = store.submit(s).unwrap();
+    assert!(!created);
+    assert_eq!(again.id, first.id);
+    assert_eq!(again.prompt, "a");
+    assert_eq!(store.list(&ListFilter::default()).unwrap().len(), 1);
+}
+
+#[test]
+fn bad_input_is_refused_with_a_message_naming_the_problem() {
+    let (_d, store) = open();
+    let cases: Vec<(TaskSpec, &str)> = vec![
+        (spec("   "), "prompt: it is empty"),
+        (spec(&"x".repeat(MAX_PROMPT_BYTES + 1)), "limit is 262144"),
+        (
+            {
+                let mut s = spec("a");
+                s.priority = 101;
+                s
+            },
+            "priority: 101 is out of range",
+        ),
+        (
+            {
+                let mut s = spec("a");
+                s.priority = -101;
+                s
+            },
+            "-100 to 100",
+        ),
+        (
+            {
+                let mut s = spec("a");
+                s.depends_on = vec![DepRef::Task(TaskId(42))];
+                s
+            },
+            "task 42 does not exist",
+        ),
+        (
+            {
+                let mut s = spec("a");
+                s.repo = "relative/path".into();
+                s
+            },
+            "not an absolute path",
+        ),
+        (
+            {
+                let mut s = spec("a");
+                s.model = Some("sonnet".into());
+                s
+            },
+            "provider/model",
+        ),
+        (
+            {
+                let mut s = spec("a");
+                s.max_attempts = 0;
+                s
+            },
+            "max_attempts",
+        ),
+        (
+            {
+                let mut s = spec("a");
+                s.timeout_s = 0;
+                s
+            },
+            "timeout_s",
+        ),
+    ];
+    for (s, expected) in cases {
+        let err = store.submit(s).unwrap_err().to_string();
+        assert!(err.contains(expected), "expected '{expected}' in '{err}'");
+    }
+    assert!(store.list(&ListFilter::default()).unwrap().is_empty(), "nothing was written");
+    let err = store.get(TaskId(7)).unwrap_err().to_string();
+    assert!(err.contains("task #7 does not exist"), "{err}");
+}
+
+#[test]
+fn a_batch_with_a_cycle_is_refused_whole() {
+    let (_d, store) = open();
+    let mut a = spec("a");
+    a.depends_on = vec![DepRef::Batch(2)];
+    let mut b = spec("b");
+    b.depends_on = vec![DepRef::Batch(0)];
+    let mut c = spec("c");
+    c.depends_on = vec![DepRef::Batch(1)];
+    let err = store.submit_batch(vec![a, b, c]).unwrap_err();
+    assert!(matches!(err, Error::DependencyCycle(_)));
+    assert!(err.to_string().contains("#0 -> #2 -> #1 -> #0"), "{err}");
+    let mut selfdep = spec("self");
+    selfdep.depends_on = vec![DepRef::Batch(0)];
+    assert!(matches!(store.submit_batch(vec![selfdep]), Err(Error::DependencyCycle(_))));
+    assert!(store.list(&ListFilter::default()).unwrap().is_empty());
+
+    let mut b = spec("b");
+    b.depends_on = vec![DepRef::Batch(0)];
+    let out = store.submit_batch(vec![spec("a"), b]).unwrap();
+    assert_eq!(out[1].0.depends_on, vec![out[0].0.id]);
+}
+
+#[test]
+fn expired_lease_requeues_then_fails_and_stale_completion_is_rejected() {
+    let (_d, store) = open();
+    let id = submit(&store, "a");
+    let c1 = store.claim_next("w1", "host", Duration::from_millis(1)).unwrap().unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    let reaped = store.reap_expired().unwrap();
+    assert_eq!(reaped.len(), 1);
+    assert!(reaped[0].requeued);
+    let c2 = store.claim_next("w2", "host", Duration::from_millis(1)).unwrap().unwrap();
+    assert!(c2.token > c1.token);
+    assert!(matches!(store.finish(id, c1.token, done()), Err(Error::StaleLease { .. })));
+    assert!(matches!(store.heartbeat(id, c1.token, LEASE), Err(Error::StaleLease { .. })));
+    std::thread::sleep(Duration::from_millis(20));
+    let reaped = store.reap_expired().unwrap();
+    assert!(!reaped[0].requeued, "two attempts are used up");
+    let t = store.get(id).unwrap();
+    assert_eq!(t.status, TaskStatus::Failed);
+    assert!(t.error.unwrap().contains("lease expired"));
+}
+
+#[test]
+fn question_timeout_fails_a_waiting_task() {
+    let (_d, store) = open();
+    let mut s = spec("a");
+    s.question_timeout_s = Some(1);
+    let id = store.submit(s).unwrap().0.id;
+    let c = claim(&store).unwrap();
+    store
+        .finish(
+            id,
+            c.token,
+            Outcome::Waiting { question: "q".into(), session_id: "s".into(), result: None },
+        )
+        .unwrap();
+    store.reap_expired().unwrap();
+    assert_eq!(store.get(id).unwrap().status, TaskStatus::Waiting);
+    std::thread::sleep(Duration::from_millis(1100));
+    store.reap_expired().unwrap();
+    let t = store.get(id).unwrap();
+    assert_eq!(t.status, TaskStatus::Failed);
+    assert!(t.error.unwrap().contains("not answered within 1 s"));
+}
+
+#[test]
+fn clear_removes_only_finished_tasks() {
+    let (_d, store) = open();
+    let a = submit(&store, "a");
+    let b = submit(&store, "b");
+    store.cancel(a).unwrap();
+    let cleared =
+        store.clear(0.0, &[TaskStatus::Cancelled, TaskStatus::Done, TaskStatus::Failed]).unwrap();
+    assert_eq!(cleared.iter().map(|t| t.id).collect::<Vec<_>>(), vec![a]);
+    assert!(store.get(b).is_ok());
+    assert!(store.clear(0.0, &[TaskStatus::Queued]).is_err());
+    assert!(store.clear(3600.0, &[TaskStatus::Done]).unwrap().is_empty());
+}
+
+#[test]
+fn status_counts_blocked_apart_from_queued() {
+    let (_d, store) = open();
+    let a = submit(&store, "a");
+    let mut s = spec("b");
+    s.depends_on = vec![DepRef::Task(a)];
+    store.submit(s).unwrap();
+    let st = store.status().unwrap();
+    assert_eq!(st.counts["queued"], 1);
+    assert_eq!(st.counts["blocked"], 1);
+    assert_eq!(st.total, 2);
+}
+
+#[test]
+fn database_and_home_are_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let home = Home::resolve(Some(dir.path().join("home"))).unwrap();
+    home.ensure().unwrap();
+    let _store = Store::open(home.db_path()).unwrap();
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(home.root()), 0o700);
+    assert_eq!(mode(&home.db_path()), 0o600);
+    assert_eq!(mode(&home.logs_dir()), 0o700);
+}
+
+#[test]
+fn a_database_from_a_newer_build_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("q.db");
+    drop(Store::open(&path).unwrap());
+    set_user_version(&path, 99);
+    let err = Store::open(&path).err().unwrap().to_string();
+    assert!(err.contains("newer TaskBridge"), "{err}");
+}
+
+fn set_user_version(path: &std::path::Path, v: i64) {
+    // The database header keeps user_version at byte offset 60 (sqlite.org/fileformat.html).
+    use std::io::{Seek, SeekFrom, Write};
+    let mut f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.seek(SeekFrom::Start(60)).unwrap();
+    f.write_all(&(v as u32).to_be_bytes()).unwrap();
+}
+
+// ---- claim order, as a property -----------------------------------------------------------
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(40))]
+    #[test]
+    fn claims_follow_priority_then_age_and_respect_dependencies(
+        items in proptest::collection::vec((-3i64..=3, proptest::collection::vec(0usize..12, 0..3)), 1..12)
+    ) {
+        let (_d, store) = open();
+        // Only backward references, so the graph is acyclic.
+        let mut ids: Vec<TaskId> = Vec::new();
+        let mut deps_of: Vec<Vec<TaskId>> = Vec::new();
+        for (i, (prio, deps)) in items.iter().enumerate() {
+            let mut s = spec(&format!("t{i}"));
+            s.priority = *prio;
+            let d: Vec<TaskId> = deps.iter().filter(|&&j| j < i).map(|&j| ids[j]).collect::<HashSet<_>>().into_iter().collect();
+            s.depends_on = d.iter().map(|&t| DepRef::Task(t)).collect();
+            ids.push(store.submit(s).unwrap().0.id);
+            deps_of.push(d);
+        }
+        let mut finished: HashSet<TaskId> = HashSet::new();
+        while let Some(c) = claim(&store) {
+            // The model: runnable = not finished and all deps finished; pick max priority, min id.
+            let expected = ids.iter().enumerate()
+                .filter(|(i, id)| !finished.contains(id) && deps_of[*i].iter().all(|d| finished.contains(d)))
+                .max_by(|(i, a), (j, b)| items[*i].0.cmp(&items[*j].0).then(b.cmp(a)))
+                .map(|(_, id)| *id);
+            prop_assert_eq!(Some(c.task.id), expected);
+            store.finish(c.task.id, c.token, done()).unwrap();
+            finished.insert(c.task.id);
+        }
+        prop_assert_eq!(finished.len(), ids.len());
+    }
+}
+
+// ---- several processes --------------------------------------------------------------------
+
+/// Re-runs this test binary as a child process that executes one `child_*` test below.
+fn child(name: &str, db: &std::path::Path) -> Command {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([name, "--exact", "--nocapture", "--test-threads=1", "--ignored"])
+        .env("TB_CHILD_DB", db);
+    cmd
+}
+
+#[test]
+#[ignore = "run as a child process by four_processes_never_claim_a_task_twice"]
+fn child_claimer() {
+    let Ok(db) = std::env::var("TB_CHILD_DB") else { return };
+    let store = Store::open(db).unwrap();
+    let me = format!("w{}", std::process::id());
+    let mut idle = 0;
+    while idle < 200 {
+        match store.claim_next(&me, "host", LEASE).unwrap() {
+            Some(c) => {
+                idle = 0;
+                println!("CLAIMED {}", c.task.id.0);
+                store.finish(c.task.id, c.token, done()).unwrap();
+            }
+            None => {
+                idle += 1;
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+    }
+}
+
+#[test]
+fn four_processes_never_claim_a_task_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("q.db");
+    let store = Store::open(&db).unwrap();
+    let n = 400;
+    for i in 0..n {
+        store.submit(spec(&format!("t{i}"))).unwrap();
+    }
+    let kids: Vec<_> = (0..4)
+        .map(|_| child("child_claimer", &db).stdout(Stdio::piped()).spawn().unwrap())
+        .collect();
+    let mut claimed = Vec::new();
+    let mut per_process = Vec::new();
+    for kid in kids {
+        let out = kid.wait_with_output().unwrap();
+        assert!(out.status.success());
+        let ids: Vec<i64> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            // The harness prints "test child_claimer ... " without a newline before the first line.
+            .filter_map(|l| l.split_once("CLAIMED ").map(|(_, s)| s.parse().unwrap()))
+            .collect();
+        per_process.push(ids.len());
+        claimed.extend(ids);
+    }
+    let unique: HashSet<_> = claimed.iter().collect();
+    assert_eq!(unique.len(), claimed.len(), "a task was claimed twice");
+    assert_eq!(claimed.len(), n, "every task was claimed once: {per_process:?}");
+    let st = store.status().unwrap();
+    assert_eq!(st.counts["done"], n as i64);
+}
+
+#[test]
+#[ignore = "run as a child process by kill_9_during_submits_loses_no_acknowledged_task"]
+fn child_submitter() {
+    let Ok(db) = std::env::var("TB_CHILD_DB") else { return };
+    let store = Store::open(db).unwrap();
+    for i in 0.. {
+        let (t, _) = store.submit(spec(&format!("burst {i}"))).unwrap();
+        // Printed only after submit returned: an acknowledged task.
+        println!("ACK {}", t.id.0);
+    }
+}
+
+#[test]
+fn kill_9_during_submits_loses_no_acknowledged_task() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("q.db");
+    drop(Store::open(&db).unwrap());
+    let mut kid = child("child_submitter", &db).stdout(Stdio::piped()).spawn().unwrap();
+    let mut lines = BufReader::new(kid.stdout.take().unwrap()).lines();
+    let mut acked = Vec::new();
+    while acked.len() < 150 {
+        let line = lines.next().unwrap().unwrap();
+        if let Some((_, id)) = line.split_once("ACK ") {
+            acked.push(id.parse::<i64>().unwrap());
+        }
+    }
+    kid.kill().unwrap(); // SIGKILL
+    kid.wait().unwrap();
+    for line in lines.map_while(Result::ok) {
+        if let Some((_, id)) = line.split_once("ACK ") {
+            acked.push(id.parse::<i64>().unwrap());
+        }
+    }
+    let store = Store::open(&db).unwrap();
+    assert_eq!(store.integrity_check().unwrap(), "ok");
+    for id in &acked {
+        store.get(TaskId(*id)).unwrap_or_else(|e| panic!("acknowledged task {id} lost: {e}"));
+    }
+}
+
+#[test]
+fn another_process_commit_is_noticed_by_the_watcher() {
+    let (d, store) = open();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let _w = ChangeWatcher::spawn(store.path(), move || {
+        let _ = tx.send(());
+    })
+    .unwrap();
+    let other = Store::open(d.path().join("q.db")).unwrap();
+    other.submit(spec("from elsewhere")).unwrap();
+    rx.recv_timeout(Duration::from_secs(2)).expect("the change was noticed");
+}
