@@ -1,1 +1,64 @@
-fn main() {}
+//! `taskbridge`: the one binary. Thin wiring only: it parses the command line, opens the home and
+//! the queue, and hands over to the queue, worker, MCP and UI crates.
+
+mod cli;
+mod commands;
+mod logging;
+mod run;
+
+use anyhow::Context;
+use clap::Parser;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// What every command needs: where files live and the open queue.
+pub struct Ctx {
+    pub home: queue::Home,
+    pub db_path: PathBuf,
+    pub store: Arc<queue::Store>,
+    pub cwd: PathBuf,
+}
+
+fn open(cli: &cli::Cli) -> anyhow::Result<Ctx> {
+    let home = queue::Home::resolve(cli.home.clone())?;
+    home.ensure()
+        .with_context(|| format!("preparing the home directory {}", home.root().display()))?;
+    let db_path = cli.db.clone().unwrap_or_else(|| home.db_path());
+    let store = queue::Store::open(&db_path)
+        .with_context(|| format!("opening the queue at {}", db_path.display()))?;
+    let cwd = std::env::current_dir().context("reading the current directory")?;
+    Ok(Ctx { home, db_path, store: Arc::new(store), cwd })
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = cli::Cli::parse();
+    match real_main(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn real_main(cli: cli::Cli) -> anyhow::Result<std::process::ExitCode> {
+    let ctx = open(&cli)?;
+    let long_running = matches!(
+        cli.command,
+        cli::Command::Worker(_)
+            | cli::Command::Mcp { .. }
+            | cli::Command::Serve(_)
+            | cli::Command::Models { .. }
+    );
+    // The headless worker also logs to stderr; the stdio server must keep stdout clean and logs
+    // to its file only (stderr would end up in the client's log, which is fine but noisy).
+    let _log = logging::init(&ctx.home.logs_dir(), matches!(cli.command, cli::Command::Worker(_)));
+    if long_running {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .context("starting the async runtime")?;
+        return rt.block_on(run::long_running(ctx, cli.command));
+    }
+    commands::run(ctx, cli.command)
+}

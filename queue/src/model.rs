@@ -298,6 +298,9 @@ pub enum Outcome {
     Cancelled {
         result: Option<serde_json::Value>,
     },
+    /// The worker is shutting down: the task goes back to the queue without using an attempt,
+    /// and a pending answer is kept so the session still resumes.
+    Released,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

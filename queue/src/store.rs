@@ -635,6 +635,16 @@ impl Store {
                 | Outcome::FailedPermanently { error, result } => {
                     end_terminal(tx, now, id, TaskStatus::Failed, Some(&error), json(&result))?;
                 }
+                Outcome::Released => {
+                    tx.execute(
+                        "UPDATE tasks SET status = 'queued', worker = NULL, lease_until = NULL,
+                           attempts = max(attempts - (pending_answer IS NULL), 0),
+                           cancel_requested = 0, agent_pid = NULL, agent_started = NULL,
+                           updated_at = ?1
+                         WHERE id = ?2",
+                        params![now, id.0],
+                    )?;
+                }
                 Outcome::Cancelled { result } => {
                     end_terminal(tx, now, id, TaskStatus::Cancelled, None, json(&result))?;
                 }

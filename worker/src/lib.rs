@@ -1,1 +1,25 @@
-//! placeholder
+//! `taskbridge-worker`: turns queued tasks into commits.
+//!
+//! It owns the claim loop and process supervision ([`runner`], [`process`]), git (worktrees,
+//! commits and diffs, [`git`]), reading OpenCode's event stream ([`events`]), the structured
+//! result ([`result`]), task log files ([`logs`]) and the `submit` operation that resolves a
+//! repository before it reaches the queue ([`submit`]).
+//!
+//! It depends on `taskbridge-queue` and must not depend on the UI or MCP crates: those sit on top
+//! of it and meet it only through the queue database.
+
+pub mod clear;
+pub mod error;
+pub mod events;
+pub mod git;
+pub mod logs;
+pub mod models;
+pub mod process;
+pub mod result;
+pub mod runner;
+pub mod submit;
+
+pub use error::{Error, Result};
+pub use result::TaskResult;
+pub use runner::{Worker, WorkerConfig};
+pub use submit::{SubmitRequest, submit, submit_batch};

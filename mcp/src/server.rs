@@ -1,0 +1,253 @@
+//! The TaskBridge MCP server: shared state, result shaping and error mapping.
+
+use queue::{Home, Store, Task, TaskStatus};
+use rmcp::model::{CallToolResult, Implementation, ServerCapabilities, ServerConfig};
+use rmcp::{ErrorData, ServerHandler, tool_handler};
+use serde::Serialize;
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use worker::{TaskResult, Worker, WorkerConfig};
+
+pub type ToolResult = Result<CallToolResult, ErrorData>;
+
+const INSTRUCTIONS: &str = "TaskBridge runs coding tasks with OpenCode, headless, each in its own \
+git worktree and branch of a local repository. Workflow: submit_task (or submit_batch for several, \
+with depends_on) -> wait_for with the task ids (it returns early when a task finishes or asks a \
+question; call it again while tasks are pending) -> get_task_result for the summary, files \
+touched, tests run, diff and cost. When a task is `waiting`, read its question (get_task or \
+wait_for) and reply with answer_task: the same agent session resumes with your answer. Use \
+get_task_logs to follow a running task, add_task_note to add guidance, cancel_task and retry_task \
+to steer. Task failures are reported in the result's `error`, not as tool errors.";
+
+struct Inner {
+    store: Arc<Store>,
+    home: Home,
+    cwd: PathBuf,
+    changes: watch::Sender<u64>,
+    _watcher: Option<queue::ChangeWatcher>,
+    worker: Mutex<Option<Arc<Worker>>>,
+    repo_roots: std::sync::OnceLock<Vec<PathBuf>>,
+    shutdown: CancellationToken,
+}
+
+/// The MCP handler. Cheap to clone: rmcp creates one per HTTP session.
+#[derive(Clone)]
+pub struct TaskBridge {
+    inner: Arc<Inner>,
+}
+
+impl TaskBridge {
+    /// `worker` is the embedded worker, if this process runs one; `restart_worker` may start a
+    /// new one when none is alive.
+    pub fn new(store: Arc<Store>, home: Home, cwd: PathBuf, worker: Option<Arc<Worker>>) -> Self {
+        let (changes, _) = watch::channel(0u64);
+        let tx = changes.clone();
+        store.on_change(move || tx.send_modify(|v| *v = v.wrapping_add(1)));
+        let tx = changes.clone();
+        let watcher = queue::ChangeWatcher::spawn(store.path(), move || {
+            tx.send_modify(|v| *v = v.wrapping_add(1))
+        })
+        .map_err(|e| tracing::warn!(error = %e, "cannot watch the database; wait_for will poll"))
+        .ok();
+        TaskBridge {
+            inner: Arc::new(Inner {
+                store,
+                home,
+                cwd,
+                changes,
+                _watcher: watcher,
+                worker: Mutex::new(worker),
+                repo_roots: std::sync::OnceLock::new(),
+                shutdown: CancellationToken::new(),
+            }),
+        }
+    }
+
+    /// Restricts submits to repositories under these roots (public mode). Set once, before
+    /// serving.
+    pub fn restrict_repos(&self, roots: Vec<PathBuf>) {
+        let roots = roots.into_iter().map(|r| r.canonicalize().unwrap_or(r)).collect();
+        if self.inner.repo_roots.set(roots).is_err() {
+            tracing::warn!("repository roots were already set");
+        }
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.inner.store
+    }
+    pub fn home(&self) -> &Home {
+        &self.inner.home
+    }
+    pub fn cwd(&self) -> &Path {
+        &self.inner.cwd
+    }
+    pub(crate) fn opencode(&self) -> PathBuf {
+        WorkerConfig::default().opencode
+    }
+    pub(crate) fn subscribe(&self) -> watch::Receiver<u64> {
+        self.inner.changes.subscribe()
+    }
+
+    pub(crate) fn check_repo_allowed(&self, repo: &Path) -> Result<(), String> {
+        let Some(roots) = self.inner.repo_roots.get() else { return Ok(()) };
+        let real = repo.canonicalize().unwrap_or_else(|_| repo.to_path_buf());
+        if roots.iter().any(|r| real.starts_with(r)) {
+            return Ok(());
+        }
+        let list: Vec<String> = roots.iter().map(|r| r.display().to_string()).collect();
+        Err(format!(
+            "invalid repo: '{}' is outside the roots this server may run tasks in ({}); start it \
+             with --repo-root to allow more",
+            repo.display(),
+            list.join(", ")
+        ))
+    }
+
+    pub(crate) async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Store) -> worker::Result<T> + Send + 'static,
+    ) -> worker::Result<T> {
+        let store = self.inner.store.clone();
+        tokio::task::spawn_blocking(move || f(&store))
+            .await
+            .map_err(|e| worker::Error::Join(e.to_string()))?
+    }
+
+    /// Maps an error to what the client sees: the caller's mistakes become tool errors it can act
+    /// on; infrastructure faults are logged and become internal errors.
+    pub(crate) fn fail(&self, e: worker::Error) -> ToolResult {
+        if e.is_user_error() {
+            refuse(e.to_string())
+        } else {
+            tracing::error!(error = %e, "tool call failed");
+            Err(ErrorData::internal_error(e.to_string(), None))
+        }
+    }
+
+    /// The task as JSON with `task_id` first-class; the diff stays out (it can be large).
+    pub(crate) fn task_json(&self, task: &Task, with_result: bool) -> Value {
+        let mut v = serde_json::to_value(task).unwrap_or(Value::Null);
+        v["task_id"] = json!(task.id.0);
+        if let Some(obj) = v.as_object_mut() {
+            if with_result {
+                if let Some(r) = obj.get_mut("result").and_then(Value::as_object_mut) {
+                    r.remove("diff");
+                }
+            } else {
+                obj.remove("result");
+            }
+        }
+        v
+    }
+
+    pub(crate) async fn restart_workers(&self) -> worker::Result<Value> {
+        let workers = self.blocking(|s| Ok(s.workers()?)).await?;
+        let mut restarted = Vec::new();
+        let mut requeued = Vec::new();
+        for w in workers.iter().filter(|w| {
+            !w.stopped
+                && (w.stale
+                    || (w.host == worker::runner::hostname() && !worker::process::pid_alive(w.pid)))
+        }) {
+            let id = w.id.clone();
+            let ids = self.blocking(move |s| Ok(s.release_worker_tasks(&id)?)).await?;
+            requeued.extend(ids.iter().map(|t| t.0));
+            restarted.push(w.id.clone());
+        }
+        let embedded = self.inner.worker.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some(w) = &embedded {
+            w.reap().await;
+        }
+        let alive = self
+            .blocking(|s| Ok(s.workers()?))
+            .await?
+            .iter()
+            .filter(|w| !w.stopped && !w.stale)
+            .count();
+        let mut started = None;
+        if alive == 0 && embedded.is_some() {
+            let w = Worker::new(
+                self.inner.store.clone(),
+                self.inner.home.clone(),
+                WorkerConfig::default(),
+            );
+            started = Some(w.id().to_owned());
+            tokio::spawn(w.clone().run(self.inner.shutdown.child_token()));
+            *self.inner.worker.lock().unwrap_or_else(|e| e.into_inner()) = Some(w);
+        }
+        Ok(json!({
+            "restarted": restarted,
+            "requeued_tasks": requeued,
+            "started_worker": started,
+            "workers_alive_before": alive,
+        }))
+    }
+
+    /// Stops a worker this server started through `restart_worker`.
+    pub fn shutdown(&self) {
+        self.inner.shutdown.cancel();
+    }
+}
+
+pub(crate) fn ok(v: impl Serialize) -> ToolResult {
+    let v = serde_json::to_value(v).map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+    Ok(CallToolResult::structured(v))
+}
+
+pub(crate) fn refuse(message: impl Into<String>) -> ToolResult {
+    Ok(CallToolResult::structured_error(json!({ "error": message.into() })))
+}
+
+/// The shape `get_task_result` returns.
+pub(crate) fn result_json(task: &Task, max_diff_bytes: usize) -> Value {
+    let r: TaskResult = task
+        .result
+        .as_ref()
+        .and_then(|v| serde_json::from_value(v.clone()).ok())
+        .unwrap_or_default();
+    let mut diff = r.diff.clone();
+    let truncated = diff.len() > max_diff_bytes;
+    if truncated {
+        let mut cut = max_diff_bytes;
+        while cut > 0 && !diff.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        diff.truncate(cut);
+    }
+    let finished = task.status.is_terminal();
+    json!({
+        "task_id": task.id.0,
+        "status": task.display_status,
+        "finished": finished,
+        "summary": r.summary,
+        "files_touched": r.files_touched,
+        "tests_run": r.tests_run,
+        "open_questions": r.open_questions,
+        "question": task.question,
+        "diff": diff,
+        "diff_truncated": truncated,
+        "diff_bytes": r.diff.len(),
+        "diffstat": r.diffstat,
+        "usage": r.usage,
+        "branch": r.branch.or(task.branch.clone()),
+        "commit": r.commit,
+        "permissions": r.permissions,
+        "reverted_files": r.reverted_files,
+        "error": task.error,
+        "note": if task.result.is_none() && task.status != TaskStatus::Done {
+            Some("no result yet: the task has not run to the end; see status")
+        } else { None },
+    })
+}
+
+#[tool_handler]
+impl ServerHandler for TaskBridge {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("taskbridge", env!("CARGO_PKG_VERSION")))
+            .with_instructions(INSTRUCTIONS)
+    }
+}

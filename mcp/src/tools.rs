@@ -1,0 +1,694 @@
+//! The TaskBridge tools. Each is one queue or worker operation with the same name as its CLI verb
+//! and TUI action; arguments are described in the input schema by their doc comments.
+
+use crate::server::{TaskBridge, ToolResult, ok, refuse};
+use queue::{DepRef, ListFilter, StatusFilter, TaskId, TaskStatus};
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::schemars::{self, JsonSchema};
+use rmcp::{tool, tool_router};
+use serde::Deserialize;
+use serde_json::json;
+use std::path::PathBuf;
+use std::time::Duration;
+use worker::SubmitRequest;
+
+pub const MAX_BATCH: usize = 20;
+pub const MAX_WAIT_S: f64 = 50.0;
+pub const MAX_LOG_BYTES: usize = 262_144;
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SubmitTaskArgs {
+    /// What the agent should do, in full. Up to 256 KiB.
+    pub prompt: String,
+    /// Path of the git repository to work in (default: the server's working directory).
+    #[serde(default)]
+    pub repo: Option<String>,
+    /// Branch, tag or commit to start from (default: HEAD at submit time).
+    #[serde(default, rename = "ref")]
+    pub base_ref: Option<String>,
+    /// Short title (default: the prompt's first line).
+    #[serde(default)]
+    pub title: Option<String>,
+    /// -100..=100, higher runs first (default 0).
+    #[serde(default)]
+    pub priority: Option<i64>,
+    /// Task ids that must be done before this one starts.
+    #[serde(default)]
+    pub depends_on: Vec<i64>,
+    /// provider/model, e.g. anthropic/claude-sonnet-4-5 (default: the configured default).
+    #[serde(default)]
+    pub model: Option<String>,
+    /// OpenCode agent name (default: build).
+    #[serde(default)]
+    pub agent: Option<String>,
+    /// Deny edits; anything changed anyway is reverted and listed.
+    #[serde(default)]
+    pub readonly: bool,
+    /// Deny web fetch and search (shell commands could still reach the network).
+    #[serde(default)]
+    pub no_network: bool,
+    /// Deny shell commands.
+    #[serde(default)]
+    pub no_shell: bool,
+    /// Keep the worktree after success (the branch is always kept).
+    #[serde(default)]
+    pub worktree_keep: bool,
+    /// 1..=20 attempts before the task fails (default 2).
+    #[serde(default)]
+    pub max_attempts: Option<i64>,
+    /// Seconds a run may take, 1..=604800 (default 3600).
+    #[serde(default)]
+    pub timeout_s: Option<i64>,
+    /// Fail the task if its question waits longer than this many seconds.
+    #[serde(default)]
+    pub question_timeout_s: Option<i64>,
+    /// Idempotency key: submitting again with the same key returns the first task.
+    #[serde(default)]
+    pub request_id: Option<String>,
+}
+
+/// A dependency inside a batch: a task id, or "#N" for item N of the same batch.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum BatchDep {
+    Id(i64),
+    Ref(String),
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BatchItem {
+    /// What the agent should do, in full.
+    pub prompt: String,
+    #[serde(default)]
+    pub repo: Option<String>,
+    #[serde(default, rename = "ref")]
+    pub base_ref: Option<String>,
+    #[serde(default)]
+    pub title: Option<String>,
+    #[serde(default)]
+    pub priority: Option<i64>,
+    /// Task ids, or "#0", "#1", ... for earlier items of this batch.
+    #[serde(default)]
+    pub depends_on: Vec<BatchDep>,
+    #[serde(default)]
+    pub model: Option<String>,
+    #[serde(default)]
+    pub agent: Option<String>,
+    #[serde(default)]
+    pub readonly: bool,
+    #[serde(default)]
+    pub no_network: bool,
+    #[serde(default)]
+    pub no_shell: bool,
+    #[serde(default)]
+    pub worktree_keep: bool,
+    #[serde(default)]
+    pub max_attempts: Option<i64>,
+    #[serde(default)]
+    pub timeout_s: Option<i64>,
+    #[serde(default)]
+    pub question_timeout_s: Option<i64>,
+    #[serde(default)]
+    pub request_id: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SubmitBatchArgs {
+    /// 1 to 20 tasks, created all or none.
+    pub tasks: Vec<BatchItem>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TaskIdArgs {
+    /// The task's id.
+    pub task_id: i64,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GetResultArgs {
+    pub task_id: i64,
+    /// Cut the diff at this many bytes (default 65536); `diff_truncated` says when it was cut.
+    #[serde(default)]
+    pub max_diff_bytes: Option<usize>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GetLogsArgs {
+    pub task_id: i64,
+    /// Byte offset to read from; omit to get the tail. Pass `next_offset` back to follow.
+    #[serde(default)]
+    pub offset: Option<u64>,
+    /// At most this many bytes (default 16384, at most 262144).
+    #[serde(default)]
+    pub max_bytes: Option<usize>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema, Clone, Copy, PartialEq)]
+#[serde(rename_all = "lowercase")]
+pub enum WaitMode {
+    Any,
+    All,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WaitForArgs {
+    /// Tasks to wait for.
+    pub task_ids: Vec<i64>,
+    /// `any` (default): return when one is done, failed, cancelled or waiting; `all`: when all are.
+    #[serde(default)]
+    pub mode: Option<WaitMode>,
+    /// Seconds to wait, at most 50 (default 25): clients drop calls that last about 60 s.
+    #[serde(default)]
+    pub timeout_s: Option<f64>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AnswerArgs {
+    pub task_id: i64,
+    /// The decision the agent asked for.
+    pub answer: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ListArgs {
+    /// queued, blocked, running, waiting, done, failed or cancelled.
+    #[serde(default)]
+    pub status: Option<String>,
+    /// Only tasks in this repository.
+    #[serde(default)]
+    pub repo: Option<String>,
+    /// Default 50, at most 500.
+    #[serde(default)]
+    pub limit: Option<usize>,
+    #[serde(default)]
+    pub offset: Option<usize>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NoteArgs {
+    pub task_id: i64,
+    /// Extra guidance for the agent.
+    pub note: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PriorityArgs {
+    pub task_id: i64,
+    /// -100..=100, higher runs first.
+    pub priority: i64,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ClearArgs {
+    /// Only tasks finished at least this many seconds ago (default 0).
+    #[serde(default)]
+    pub older_than_s: Option<f64>,
+    /// Any of done, failed, cancelled (default all three).
+    #[serde(default)]
+    pub statuses: Option<Vec<String>>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ListModelsArgs {
+    /// Only this provider's models, e.g. anthropic.
+    #[serde(default)]
+    pub provider: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SetModelArgs {
+    /// provider/model, checked against OpenCode's list.
+    pub model: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Empty {}
+
+fn field_error(field: &str, message: impl std::fmt::Display) -> ToolResult {
+    refuse(format!("invalid {field}: {message}"))
+}
+
+impl SubmitTaskArgs {
+    fn into_request(self, tb: &TaskBridge) -> Result<SubmitRequest, String> {
+        let item = BatchItem {
+            prompt: self.prompt,
+            repo: self.repo,
+            base_ref: self.base_ref,
+            title: self.title,
+            priority: self.priority,
+            depends_on: self.depends_on.into_iter().map(BatchDep::Id).collect(),
+            model: self.model,
+            agent: self.agent,
+            readonly: self.readonly,
+            no_network: self.no_network,
+            no_shell: self.no_shell,
+            worktree_keep: self.worktree_keep,
+            max_attempts: self.max_attempts,
+            timeout_s: self.timeout_s,
+            question_timeout_s: self.question_timeout_s,
+            request_id: self.request_id,
+        };
+        item.into_request(tb, 0)
+    }
+}
+
+impl BatchItem {
+    fn into_request(self, tb: &TaskBridge, index: usize) -> Result<SubmitRequest, String> {
+        let repo = match self.repo {
+            Some(r) => {
+                let p = PathBuf::from(&r);
+                if p.is_absolute() { p } else { tb.cwd().join(p) }
+            }
+            None => tb.cwd().to_path_buf(),
+        };
+        tb.check_repo_allowed(&repo)?;
+        let mut depends_on = Vec::new();
+        for d in self.depends_on {
+            depends_on.push(match d {
+                BatchDep::Id(id) => DepRef::Task(TaskId(id)),
+                BatchDep::Ref(s) => match s.strip_prefix('#').and_then(|n| n.parse::<usize>().ok())
+                {
+                    Some(i) => DepRef::Batch(i),
+                    None => match s.parse::<i64>() {
+                        Ok(id) => DepRef::Task(TaskId(id)),
+                        Err(_) => {
+                            return Err(format!(
+                                "invalid depends_on of item #{index}: '{s}' is neither a task id \
+                                 nor '#N' naming an item of the batch"
+                            ));
+                        }
+                    },
+                },
+            });
+        }
+        Ok(SubmitRequest {
+            prompt: self.prompt,
+            repo,
+            base_ref: self.base_ref,
+            title: self.title,
+            priority: self.priority.unwrap_or(0),
+            depends_on,
+            model: self.model,
+            agent: self.agent,
+            readonly: self.readonly,
+            no_network: self.no_network,
+            no_shell: self.no_shell,
+            worktree_keep: self.worktree_keep,
+            max_attempts: self.max_attempts.unwrap_or(queue::DEFAULT_MAX_ATTEMPTS),
+            timeout_s: self.timeout_s.unwrap_or(queue::DEFAULT_TIMEOUT_S),
+            question_timeout_s: self.question_timeout_s,
+            request_id: self.request_id,
+        })
+    }
+}
+
+fn parse_statuses(list: Option<Vec<String>>) -> Result<Vec<TaskStatus>, String> {
+    match list {
+        None => Ok(vec![TaskStatus::Done, TaskStatus::Failed, TaskStatus::Cancelled]),
+        Some(v) => v.iter().map(|s| s.parse::<TaskStatus>()).collect(),
+    }
+}
+
+#[tool_router(vis = "pub(crate)")]
+impl TaskBridge {
+    /// Queue a coding task for OpenCode to run headless in its own git worktree and branch.
+    /// Returns the task (task_id, status, ...). Follow with wait_for, then get_task_result.
+    #[tool(annotations(title = "Submit a task", read_only_hint = false, idempotent_hint = false))]
+    async fn submit_task(&self, Parameters(args): Parameters<SubmitTaskArgs>) -> ToolResult {
+        let req = match args.into_request(self) {
+            Ok(r) => r,
+            Err(e) => return refuse(e),
+        };
+        let cwd = self.cwd().to_path_buf();
+        match self.blocking(move |s| worker::submit(s, &cwd, req)).await {
+            Ok((task, created)) => {
+                let mut v = self.task_json(&task, false);
+                v["created"] = json!(created);
+                ok(v)
+            }
+            Err(e) => self.fail(e),
+        }
+    }
+
+    /// Queue 1 to 20 tasks at once, all or none. An item's depends_on may name earlier items of
+    /// the same batch as "#0", "#1", ...
+    #[tool(annotations(title = "Submit several tasks", read_only_hint = false))]
+    async fn submit_batch(&self, Parameters(args): Parameters<SubmitBatchArgs>) -> ToolResult {
+        if args.tasks.is_empty() || args.tasks.len() > MAX_BATCH {
+            return field_error(
+                "tasks",
+                format!("a batch holds 1 to {MAX_BATCH} tasks; this one has {}", args.tasks.len()),
+            );
+        }
+        let mut reqs = Vec::new();
+        for (i, item) in args.tasks.into_iter().enumerate() {
+            match item.into_request(self, i) {
+                Ok(r) => reqs.push(r),
+                Err(e) => return refuse(e),
+            }
+        }
+        let cwd = self.cwd().to_path_buf();
+        match self.blocking(move |s| worker::submit_batch(s, &cwd, reqs)).await {
+            Ok(tasks) => ok(json!({
+                "tasks": tasks.iter().map(|(t, created)| {
+                    let mut v = self.task_json(t, false);
+                    v["created"] = json!(created);
+                    v
+                }).collect::<Vec<_>>()
+            })),
+            Err(e) => self.fail(e),
+        }
+    }
+
+    /// Everything about a task: state, prompt, question and answers, notes, attempts, error, and
+    /// its result without the diff (get_task_result has the diff).
+    #[tool(annotations(title = "Get a task", read_only_hint = true))]
+    async fn get_task(&self, Parameters(args): Parameters<TaskIdArgs>) -> ToolResult {
+        match self.blocking(move |s| Ok(s.get(TaskId(args.task_id))?)).await {
+            Ok(task) => ok(self.task_json(&task, true)),
+            Err(e) => self.fail(e),
+        }
+    }
+
+    /// The structured result: summary, files_touched, tests_run (observed or only claimed),
+    /// open_questions, diff (diff_truncated when cut), diffstat, usage and cost, branch, commit,
+    /// permissions, reverted_files, error.
+    #[tool(annotations(title = "Get a task's result", read_only_hint = true))]
+    async fn get_task_result(&self, Parameters(args): Parameters<GetResultArgs>) -> ToolResult {
+        let max = args.max_diff_bytes.unwrap_or(65_536);
+        match self.blocking(move |s| Ok(s.get(TaskId(args.task_id))?)).await {
+            Ok(task) => ok(crate::server::result_json(&task, max)),
+            Err(e) => self.fail(e),
+        }
+    }
+
+    /// A page of the task's readable log. Omit offset for the tail; pass next_offset back to
+    /// follow a running task.
+    #[tool(annotations(title = "Read a task's log", read_only_hint = true))]
+    async fn get_task_logs(&self, Parameters(args): Parameters<GetLogsArgs>) -> ToolResult {
+        let max = args.max_bytes.unwrap_or(16_384);
+        if max == 0 || max > MAX_LOG_BYTES {
+            return field_error(
+                "max_bytes",
+                format!("{max} is out of range; use 1 to {MAX_LOG_BYTES}"),
+            );
+        }
+        let logs = self.home().logs_dir();
+        let r = self
+            .blocking(move |s| {
+                let task = s.get(TaskId(args.task_id))?;
+                let chunk = worker::logs::read_log(
+                    &worker::logs::log_path(&logs, task.id.0),
+                    args.offset,
+                    max,
+                )
+                .map_err(|e| worker::Error::Io {
+                    context: "reading the task log".into(),
+                    source: e,
+                })?;
+                Ok((task, chunk))
+            })
+            .await;
+        match r {
+            Ok((task, c)) => ok(json!({
+                "task_id": task.id.0,
+                "text": c.text,
+                "offset": c.offset,
+                "next_offset": c.next_offset,
+                "size": c.size,
+                "eof": c.eof,
+                "running": task.status == TaskStatus::Running,
+            })),
+            Err(e) => self.fail(e),
+        }
+    }
+
+    /// Wait until tasks finish or ask a question: mode any (default) or all, up to timeout_s
+    /// (default 25, at most 50). Wakes as soon as the queue changes. Returns which tasks are done,
+    /// failed, cancelled, waiting (answer them with answer_task) or still pending, and timed_out.
+    #[tool(annotations(title = "Wait for tasks", read_only_hint = true))]
+    async fn wait_for(&self, Parameters(args): Parameters<WaitForArgs>) -> ToolResult {
+        let timeout = args.timeout_s.unwrap_or(25.0);
+        if !(0.0..=MAX_WAIT_S).contains(&timeout) {
+            return field_error(
+                "timeout_s",
+                format!(
+                    "{timeout} is out of range; use 0 to {MAX_WAIT_S} seconds (clients drop calls near 60 s; call again to keep waiting)"
+                ),
+            );
+        }
+        if args.task_ids.is_empty() || args.task_ids.len() > 100 {
+            return field_error("task_ids", "give 1 to 100 task ids");
+        }
+        let mode = args.mode.unwrap_or(WaitMode::Any);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs_f64(timeout);
+        let mut changes = self.subscribe();
+        loop {
+            // Mark the current version seen before reading, so no change between the read and
+            // the wait is missed.
+            changes.borrow_and_update();
+            let ids = args.task_ids.clone();
+            let tasks = match self
+                .blocking(move |s| {
+                    ids.iter().map(|&i| Ok(s.get(TaskId(i))?)).collect::<worker::Result<Vec<_>>>()
+                })
+                .await
+            {
+                Ok(t) => t,
+                Err(e) => return self.fail(e),
+            };
+            let settled =
+                |t: &queue::Task| t.status.is_terminal() || t.status == TaskStatus::Waiting;
+            let met = match mode {
+                WaitMode::Any => tasks.iter().any(settled),
+                WaitMode::All => tasks.iter().all(settled),
+            };
+            let now = tokio::time::Instant::now();
+            if met || now >= deadline {
+                let pick = |st: TaskStatus| -> Vec<i64> {
+                    tasks.iter().filter(|t| t.status == st).map(|t| t.id.0).collect()
+                };
+                let pending: Vec<i64> =
+                    tasks.iter().filter(|t| !settled(t)).map(|t| t.id.0).collect();
+                return ok(json!({
+                    "done": pick(TaskStatus::Done),
+                    "failed": pick(TaskStatus::Failed),
+                    "cancelled": pick(TaskStatus::Cancelled),
+                    "waiting": pick(TaskStatus::Waiting),
+                    "pending": pending,
+                    "timed_out": !met,
+                    "tasks": tasks.iter().map(|t| json!({
+                        "task_id": t.id.0,
+                        "status": t.display_status,
+                        "title": t.title,
+                        "question": t.question,
+                        "error": t.error,
+                    })).collect::<Vec<_>>(),
+                }));
+            }
+            let _ = tokio::time::timeout_at(deadline, changes.changed()).await;
+        }
+    }
+
+    /// Answer a waiting task's question. The task is requeued and the same OpenCode session
+    /// resumes with the answer in context.
+    #[tool(annotations(title = "Answer a question", read_only_hint = false))]
+    async fn answer_task(&self, Parameters(args): Parameters<AnswerArgs>) -> ToolResult {
+        match self.blocking(move |s| Ok(s.answer(TaskId(args.task_id), &args.answer)?)).await {
+            Ok(task) => ok(self.task_json(&task, true)),
+            Err(e) => self.fail(e),
+        }
+    }
+
+    /// Task summaries, newest first: filter by status (queued, blocked, running, waiting, done,
+    /// failed, cancelled) and repo; page with limit (default 50) and offset.
+    #[tool(annotations(title = "List tasks", read_only_hint = true))]
+    async fn list_tasks(&self, Parameters(args): Parameters<ListArgs>) -> ToolResult {
+        let status = match args.status.as_deref().map(str::parse::<StatusFilter>).transpose() {
+            Ok(s) => s,
+            Err(e) => return field_error("status", e),
+        };
+        let limit = args.limit.unwrap_or(50);
+        if limit == 0 || limit > 500 {
+            return field_error("limit", format!("{limit} is out of range; use 1 to 500"));
+        }
+        let repo = args.repo.map(|r| {
+            let p = PathBuf::from(&r);
+            let p = if p.is_absolute() { p } else { self.cwd().join(p) };
+            worker::git::resolve_repo(&p, None)
+                .map(|x| x.toplevel.display().to_string())
+                .unwrap_or(r)
+        });
+        let filter =
+            ListFilter { status, repo, limit: Some(limit), offset: args.offset.unwrap_or(0) };
+        match self.blocking(move |s| Ok(s.list(&filter)?)).await {
+            Ok(tasks) => ok(json!({
+                "tasks": tasks.iter().map(|t| json!({
+                    "task_id": t.id.0,
+                    "title": t.title,
+                    "status": t.display_status,
+                    "priority": t.priority,
+                    "repo": t.repo,
+                    "attempts": t.attempts,
+                    "waiting_on": t.waiting_on,
+                    "question": t.question,
+                    "error": t.error,
+                    "created_at": t.created_at,
+                    "updated_at": t.updated_at,
+                })).collect::<Vec<_>>(),
+            })),
+            Err(e) => self.fail(e),
+        }
+    }
+
+    /// Counts per state, the oldest queued task's age, workers and the default model.
+    #[tool(annotations(title = "Queue status", read_only_hint = true))]
+    async fn queue_status(&self, Parameters(_): Parameters<Empty>) -> ToolResult {
+        match self.blocking(|s| Ok(s.status()?)).await {
+            Ok(st) => ok(st),
+            Err(e) => self.fail(e),
+        }
+    }
+
+    /// Each worker: id, pid, host, started, last heartbeat, current tasks, and whether it is stale.
+    #[tool(annotations(title = "Worker heartbeats", read_only_hint = true))]
+    async fn worker_heartbeat(&self, Parameters(_): Parameters<Empty>) -> ToolResult {
+        match self.blocking(|s| Ok(s.workers()?)).await {
+            Ok(w) => ok(json!({ "workers": w })),
+            Err(e) => self.fail(e),
+        }
+    }
+
+    /// Restart stale or dead workers: their running tasks are requeued (the attempt counts) and,
+    /// when no worker is left alive, this server starts one in process.
+    #[tool(annotations(title = "Restart workers", read_only_hint = false))]
+    async fn restart_worker(&self, Parameters(_): Parameters<Empty>) -> ToolResult {
+        match self.restart_workers().await {
+            Ok(v) => ok(v),
+            Err(e) => self.fail(e),
+        }
+    }
+
+    /// Add a note for the agent: a queued task gets it with its prompt, a waiting one with the
+    /// answer, a running one when it next resumes.
+    #[tool(annotations(title = "Add a note", read_only_hint = false))]
+    async fn add_task_note(&self, Parameters(args): Parameters<NoteArgs>) -> ToolResult {
+        match self.blocking(move |s| Ok(s.note(TaskId(args.task_id), &args.note)?)).await {
+            Ok(task) => ok(self.task_json(&task, true)),
+            Err(e) => self.fail(e),
+        }
+    }
+
+    /// Cancel a task. Queued and waiting tasks end at once; a running agent is stopped (SIGTERM,
+    /// then SIGKILL) within a second or two and its worktree kept.
+    #[tool(annotations(title = "Cancel a task", read_only_hint = false, destructive_hint = true))]
+    async fn cancel_task(&self, Parameters(args): Parameters<TaskIdArgs>) -> ToolResult {
+        match self.blocking(move |s| Ok(s.cancel(TaskId(args.task_id))?)).await {
+            Ok(task) => ok(self.task_json(&task, true)),
+            Err(e) => self.fail(e),
+        }
+    }
+
+    /// Run a failed or cancelled task again (tasks that failed because it did follow).
+    #[tool(annotations(title = "Retry a task", read_only_hint = false))]
+    async fn retry_task(&self, Parameters(args): Parameters<TaskIdArgs>) -> ToolResult {
+        match self.blocking(move |s| Ok(s.retry(TaskId(args.task_id))?)).await {
+            Ok(task) => ok(self.task_json(&task, true)),
+            Err(e) => self.fail(e),
+        }
+    }
+
+    /// Change a task's priority (-100..=100, higher runs first).
+    #[tool(annotations(title = "Set a task's priority", read_only_hint = false))]
+    async fn set_task_priority(&self, Parameters(args): Parameters<PriorityArgs>) -> ToolResult {
+        match self.blocking(move |s| Ok(s.set_priority(TaskId(args.task_id), args.priority)?)).await
+        {
+            Ok(task) => ok(self.task_json(&task, true)),
+            Err(e) => self.fail(e),
+        }
+    }
+
+    /// Remove finished tasks with their logs and worktrees (uncommitted work is committed to the
+    /// branch first; branches are never deleted).
+    #[tool(annotations(
+        title = "Clear finished tasks",
+        read_only_hint = false,
+        destructive_hint = true
+    ))]
+    async fn clear_finished(&self, Parameters(args): Parameters<ClearArgs>) -> ToolResult {
+        let statuses = match parse_statuses(args.statuses) {
+            Ok(s) => s,
+            Err(e) => return field_error("statuses", e),
+        };
+        let older = args.older_than_s.unwrap_or(0.0);
+        let home = self.home().clone();
+        match self
+            .blocking(move |s| worker::clear::clear_finished(s, &home, older, &statuses))
+            .await
+        {
+            Ok(cleared) => ok(json!({
+                "cleared": cleared.iter().map(|t| t.id.0).collect::<Vec<_>>(),
+                "branches_kept": cleared.iter().filter_map(|t| t.branch.clone()).collect::<Vec<_>>(),
+            })),
+            Err(e) => self.fail(e),
+        }
+    }
+
+    /// Models OpenCode can use (from `opencode models`, cached for an hour).
+    #[tool(annotations(title = "List models", read_only_hint = true))]
+    async fn list_models(&self, Parameters(args): Parameters<ListModelsArgs>) -> ToolResult {
+        match worker::models::list_models(
+            self.store(),
+            &self.opencode(),
+            args.provider.as_deref(),
+            false,
+        )
+        .await
+        {
+            Ok(models) => ok(json!({ "models": models })),
+            Err(e) => self.fail(e),
+        }
+    }
+
+    /// Set the model used by tasks that name none (checked against list_models).
+    #[tool(annotations(title = "Set the default model", read_only_hint = false))]
+    async fn set_default_model(&self, Parameters(args): Parameters<SetModelArgs>) -> ToolResult {
+        match worker::models::set_default_model(self.store(), &self.opencode(), &args.model).await {
+            Ok(()) => ok(json!({ "default_model": args.model })),
+            Err(e) => self.fail(e),
+        }
+    }
+
+    /// Version, database path and workers alive.
+    #[tool(annotations(title = "Ping", read_only_hint = true))]
+    async fn ping(&self, Parameters(_): Parameters<Empty>) -> ToolResult {
+        match self.blocking(|s| Ok(s.workers()?)).await {
+            Ok(workers) => ok(json!({
+                "version": env!("CARGO_PKG_VERSION"),
+                "database": self.store().path().display().to_string(),
+                "workers_alive": workers.iter().filter(|w| !w.stopped && !w.stale).count(),
+            })),
+            Err(e) => self.fail(e),
+        }
+    }
+}
+
+/// Used by the tool-list snapshot test.
+pub fn tool_names() -> Vec<String> {
+    TaskBridge::tool_router().list_all().into_iter().map(|t| t.name.to_string()).collect()
+}

@@ -1,0 +1,351 @@
+//! The short-lived CLI verbs: each is one queue operation and a print.
+
+use crate::Ctx;
+use crate::cli::{Command, SubmitArgs};
+use anyhow::{Context, bail};
+use queue::{DepRef, ListFilter, StatusFilter, Task, TaskId, TaskStatus};
+use std::io::Read;
+use std::process::ExitCode;
+use worker::{SubmitRequest, TaskResult};
+
+fn read_arg(text: &str, what: &str) -> anyhow::Result<String> {
+    if text != "-" {
+        return Ok(text.to_owned());
+    }
+    let mut s = String::new();
+    std::io::stdin()
+        .read_to_string(&mut s)
+        .with_context(|| format!("reading the {what} from stdin"))?;
+    Ok(s)
+}
+
+fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(v)?);
+    Ok(())
+}
+
+pub fn run(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode> {
+    let store = &ctx.store;
+    match command {
+        Command::Submit(args) => submit(&ctx, args)?,
+        Command::List { status, repo, limit, json } => {
+            let status = status
+                .map(|s| s.parse::<StatusFilter>())
+                .transpose()
+                .map_err(anyhow::Error::msg)?;
+            let repo = repo.map(|r| {
+                worker::git::resolve_repo(&ctx.cwd.join(&r), None)
+                    .map(|x| x.toplevel.display().to_string())
+                    .unwrap_or_else(|_| r.display().to_string())
+            });
+            let tasks = store.list(&ListFilter { status, repo, limit: Some(limit), offset: 0 })?;
+            if json {
+                print_json(&tasks)?;
+            } else {
+                print_table(&tasks);
+            }
+        }
+        Command::Show { id, json } => {
+            let task = store.get(TaskId(id))?;
+            if json {
+                print_json(&task)?;
+            } else {
+                print_task(&task);
+            }
+        }
+        Command::Logs { id, offset, max_bytes, follow } => {
+            let task = store.get(TaskId(id))?;
+            let path = worker::logs::log_path(&ctx.home.logs_dir(), task.id.0);
+            let mut chunk = worker::logs::read_log(&path, offset, max_bytes)?;
+            print!("{}", chunk.text);
+            // Follow until the task stops running (finished, or waiting for an answer).
+            if follow {
+                loop {
+                    if chunk.eof {
+                        let t = store.get(task.id)?;
+                        if t.status.is_terminal() || t.status == TaskStatus::Waiting {
+                            break;
+                        }
+                        std::thread::sleep(std::time::Duration::from_millis(200));
+                    }
+                    chunk = worker::logs::read_log(&path, Some(chunk.next_offset), max_bytes)?;
+                    print!("{}", chunk.text);
+                }
+            }
+        }
+        Command::Cancel { id } => {
+            let t = store.cancel(TaskId(id))?;
+            if t.status == TaskStatus::Running {
+                println!("task {id}: cancel requested; its worker stops the agent");
+            } else {
+                println!("task {id}: {}", t.status);
+            }
+        }
+        Command::Retry { id } => {
+            let t = store.retry(TaskId(id))?;
+            println!("task {id}: {}", t.display_status);
+        }
+        Command::Note { id, text } => {
+            store.note(TaskId(id), &read_arg(&text, "note")?)?;
+            println!("task {id}: note added");
+        }
+        Command::Answer { id, text } => {
+            let t = store.answer(TaskId(id), &read_arg(&text, "answer")?)?;
+            println!("task {id}: answered; {} to resume its session", t.display_status);
+        }
+        Command::Priority { id, priority } => {
+            let t = store.set_priority(TaskId(id), priority)?;
+            println!("task {id}: priority {}", t.priority);
+        }
+        Command::Clear { older_than, statuses } => {
+            let secs = parse_duration(&older_than)?;
+            let statuses = statuses
+                .split(',')
+                .map(|s| s.trim().parse::<TaskStatus>())
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(anyhow::Error::msg)?;
+            let cleared = worker::clear::clear_finished(store, &ctx.home, secs, &statuses)?;
+            println!("cleared {} task(s)", cleared.len());
+        }
+        Command::Status { json } => {
+            let st = store.status()?;
+            if json {
+                print_json(&st)?;
+            } else {
+                println!("database: {}", ctx.db_path.display());
+                let order =
+                    ["queued", "blocked", "running", "waiting", "done", "failed", "cancelled"];
+                let counts: Vec<String> = order
+                    .iter()
+                    .map(|k| format!("{k} {}", st.counts.get(*k).unwrap_or(&0)))
+                    .collect();
+                println!("tasks: {}", counts.join(", "));
+                if let Some(age) = st.oldest_queued_age_s {
+                    println!("oldest queued: {}", human_duration(age));
+                }
+                println!(
+                    "default model: {}",
+                    st.default_model.as_deref().unwrap_or("(OpenCode's own)")
+                );
+                println!("workers alive: {}", st.workers_alive);
+                for w in st.workers.iter().filter(|w| !w.stopped) {
+                    let tasks: Vec<String> =
+                        w.current_tasks.iter().map(|t| t.0.to_string()).collect();
+                    println!(
+                        "  {} pid {}{} running [{}]",
+                        w.id,
+                        w.pid,
+                        if w.stale { " (stale)" } else { "" },
+                        tasks.join(", ")
+                    );
+                }
+            }
+        }
+        Command::Worker(_) | Command::Mcp { .. } | Command::Serve(_) | Command::Models { .. } => {
+            unreachable_long_running()?
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn unreachable_long_running() -> anyhow::Result<()> {
+    bail!("internal: this command runs on the async runtime")
+}
+
+fn submit(ctx: &Ctx, a: SubmitArgs) -> anyhow::Result<()> {
+    let prompt = read_arg(&a.prompt, "prompt")?;
+    let req = SubmitRequest {
+        prompt,
+        repo: a.repo.unwrap_or_else(|| ctx.cwd.clone()),
+        base_ref: a.base_ref,
+        title: a.title,
+        priority: a.priority,
+        depends_on: a.after.into_iter().map(|i| DepRef::Task(TaskId(i))).collect(),
+        model: a.model,
+        agent: a.agent,
+        readonly: a.readonly,
+        no_network: a.no_network,
+        no_shell: a.no_shell,
+        worktree_keep: a.keep_worktree,
+        max_attempts: a.max_attempts,
+        timeout_s: a.timeout,
+        question_timeout_s: a.question_timeout,
+        request_id: a.request_id,
+    };
+    let (task, created) = worker::submit(&ctx.store, &ctx.cwd, req)?;
+    if a.json {
+        print_json(&task)?;
+    } else {
+        println!("{}", task.id.0);
+        if !created {
+            eprintln!("(request id seen before: this is the task it created)");
+        }
+    }
+    Ok(())
+}
+
+/// `30s`, `15m`, `12h`, `7d`, or plain seconds.
+pub fn parse_duration(s: &str) -> anyhow::Result<f64> {
+    let s = s.trim();
+    let (num, mult) = match s.char_indices().last() {
+        Some((i, 's')) => (&s[..i], 1.0),
+        Some((i, 'm')) => (&s[..i], 60.0),
+        Some((i, 'h')) => (&s[..i], 3600.0),
+        Some((i, 'd')) => (&s[..i], 86400.0),
+        _ => (s, 1.0),
+    };
+    match num.parse::<f64>() {
+        Ok(n) if n >= 0.0 && n.is_finite() => Ok(n * mult),
+        _ => bail!("'{s}' is not a duration; use e.g. 30s, 15m, 12h or 7d"),
+    }
+}
+
+pub fn human_duration(secs: f64) -> String {
+    let s = secs.max(0.0) as u64;
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m", s / 60),
+        3600..86400 => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+        _ => format!("{}d{}h", s / 86400, (s % 86400) / 3600),
+    }
+}
+
+fn now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+fn age(t: &Task) -> String {
+    match (t.started_at, t.finished_at) {
+        (Some(s), Some(f)) => human_duration(f - s),
+        (Some(s), None) => human_duration(now() - s),
+        _ => human_duration(now() - t.created_at),
+    }
+}
+
+fn truncate(s: &str, n: usize) -> String {
+    if s.chars().count() <= n {
+        s.to_owned()
+    } else {
+        let mut out: String = s.chars().take(n.saturating_sub(1)).collect();
+        out.push('…');
+        out
+    }
+}
+
+fn print_table(tasks: &[Task]) {
+    if tasks.is_empty() {
+        println!("no tasks");
+        return;
+    }
+    println!(
+        "{:>5}  {:<9}  {:>4}  {:>3}  {:>7}  {:<40}  REPO",
+        "ID", "STATE", "PRI", "TRY", "AGE", "TITLE"
+    );
+    for t in tasks {
+        let repo = std::path::Path::new(&t.repo)
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        println!(
+            "{:>5}  {:<9}  {:>4}  {:>3}  {:>7}  {:<40}  {}",
+            t.id.0,
+            t.display_status,
+            t.priority,
+            t.attempts,
+            age(t),
+            truncate(&t.title, 40),
+            repo
+        );
+    }
+}
+
+fn print_task(t: &Task) {
+    println!("task {}: {}", t.id.0, t.title);
+    println!("  state:     {} (attempt {} of {})", t.display_status, t.attempts, t.max_attempts);
+    println!("  repo:      {} @ {}", t.repo, &t.base[..t.base.len().min(12)]);
+    println!("  priority:  {}", t.priority);
+    if let Some(m) = &t.model {
+        println!("  model:     {m}");
+    }
+    if let Some(a) = &t.agent {
+        println!("  agent:     {a}");
+    }
+    let flags: Vec<&str> = [
+        (t.readonly, "readonly"),
+        (t.no_network, "no-network"),
+        (t.no_shell, "no-shell"),
+        (t.worktree_keep, "keep-worktree"),
+    ]
+    .iter()
+    .filter(|(on, _)| *on)
+    .map(|(_, n)| *n)
+    .collect();
+    if !flags.is_empty() {
+        println!("  flags:     {}", flags.join(", "));
+    }
+    if !t.depends_on.is_empty() {
+        let ids = |v: &[TaskId]| v.iter().map(|i| i.0.to_string()).collect::<Vec<_>>().join(", ");
+        println!("  after:     {} (waiting on: {})", ids(&t.depends_on), ids(&t.waiting_on));
+    }
+    if let Some(b) = &t.branch {
+        println!("  branch:    {b}");
+    }
+    if let Some(w) = &t.worktree {
+        println!("  worktree:  {w}");
+    }
+    if let Some(s) = &t.session_id {
+        println!("  session:   {s}");
+    }
+    if let Some(q) = &t.question {
+        println!("  QUESTION:  {q}");
+        println!("             answer with: taskbridge answer {} \"...\"", t.id.0);
+    }
+    for (i, q) in t.questions.iter().enumerate() {
+        if q.answer.is_some() {
+            println!(
+                "  Q{}: {}\n  A{}: {}",
+                i + 1,
+                q.question,
+                i + 1,
+                q.answer.as_deref().unwrap_or("")
+            );
+        }
+    }
+    for n in &t.notes {
+        println!("  note: {}{}", n.note, if n.delivered { "" } else { " (not yet delivered)" });
+    }
+    if let Some(e) = &t.error {
+        println!("  error:     {e}");
+    }
+    if let Some(r) =
+        t.result.as_ref().and_then(|r| serde_json::from_value::<TaskResult>(r.clone()).ok())
+    {
+        println!("  summary:   {}", r.summary.replace('\n', "\n             "));
+        for f in &r.files_touched {
+            println!("  file:      {} {}", f.status, f.path);
+        }
+        for test in &r.tests_run {
+            let code = test.exit_code.map_or("?".to_owned(), |c| c.to_string());
+            let seen = if test.observed { "" } else { " (claimed, not observed)" };
+            println!("  test:      {} -> exit {code}{seen}", test.command);
+        }
+        for q in &r.open_questions {
+            println!("  open:      {q}");
+        }
+        let u = &r.usage;
+        println!(
+            "  usage:     {} in, {} out, {} cache read, {} cache write, ${:.4}",
+            u.input_tokens, u.output_tokens, u.cache_read_tokens, u.cache_write_tokens, u.cost_usd
+        );
+        if let Some(c) = &r.commit {
+            println!("  commit:    {c}");
+        }
+        if !r.reverted_files.is_empty() {
+            println!("  reverted:  {}", r.reverted_files.join(", "));
+        }
+    }
+    println!("  prompt:\n    {}", t.prompt.replace('\n', "\n    "));
+}

@@ -1,0 +1,154 @@
+//! The long-running modes: the headless worker and the MCP servers with their embedded worker.
+
+use crate::Ctx;
+use crate::cli::{Command, EmbeddedWorker};
+use anyhow::Context;
+use std::process::ExitCode;
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+use worker::{Worker, WorkerConfig};
+
+fn worker_config(concurrency: usize, once: bool, model: Option<String>) -> WorkerConfig {
+    let mut cfg = WorkerConfig {
+        concurrency: concurrency.max(1),
+        once,
+        default_model: model,
+        ..Default::default()
+    };
+    if let Some(ms) = std::env::var("TASKBRIDGE_RETRY_BASE_MS").ok().and_then(|v| v.parse().ok()) {
+        cfg.retry_base = std::time::Duration::from_millis(ms);
+    }
+    if let Some(s) = std::env::var("TASKBRIDGE_LEASE_S").ok().and_then(|v| v.parse::<f64>().ok()) {
+        cfg.lease = std::time::Duration::from_secs_f64(s.max(0.5));
+    }
+    if cfg.default_model.is_none() {
+        cfg.default_model = std::env::var("TASKBRIDGE_MODEL").ok().filter(|m| !m.is_empty());
+    }
+    cfg
+}
+
+/// Starts a worker on the runtime; it wakes on commits from other processes too.
+pub fn spawn_worker(
+    ctx: &Ctx,
+    cfg: WorkerConfig,
+    shutdown: CancellationToken,
+) -> anyhow::Result<(Arc<Worker>, tokio::task::JoinHandle<worker::Result<()>>, queue::ChangeWatcher)>
+{
+    let w = Worker::new(ctx.store.clone(), ctx.home.clone(), cfg);
+    let waker = w.waker();
+    let watcher = queue::ChangeWatcher::spawn(&ctx.db_path, move || waker.notify_one())
+        .context("watching the database for changes")?;
+    let handle = tokio::spawn(w.clone().run(shutdown));
+    Ok((w, handle, watcher))
+}
+
+/// Cancels `token` on SIGINT or SIGTERM.
+pub fn cancel_on_signal(token: CancellationToken) {
+    tokio::spawn(async move {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => return,
+            };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        tracing::info!("signal received; shutting down");
+        token.cancel();
+    });
+}
+
+pub async fn long_running(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode> {
+    let shutdown = CancellationToken::new();
+    cancel_on_signal(shutdown.clone());
+    match command {
+        Command::Worker(args) => {
+            let cfg = worker_config(args.concurrency, args.once, args.model);
+            let (w, handle, _watcher) = spawn_worker(&ctx, cfg, shutdown)?;
+            eprintln!("taskbridge worker {} on {}", w.id(), ctx.db_path.display());
+            handle.await.context("worker task")??;
+        }
+        Command::Models { provider, set_default, refresh } => {
+            let opencode = WorkerConfig::default().opencode;
+            if let Some(m) = set_default {
+                worker::models::set_default_model(&ctx.store, &opencode, &m).await?;
+                println!("default model: {m}");
+            } else {
+                for m in
+                    worker::models::list_models(&ctx.store, &opencode, provider.as_deref(), refresh)
+                        .await?
+                {
+                    println!("{m}");
+                }
+            }
+        }
+        Command::Mcp { worker: emb } => {
+            let embedded = embedded(&ctx, &emb, shutdown.clone())?;
+            let server = mcp::TaskBridge::new(
+                ctx.store.clone(),
+                ctx.home.clone(),
+                ctx.cwd.clone(),
+                embedded.as_ref().map(|e| e.0.clone()),
+            );
+            let result = mcp::serve_stdio(server, shutdown.clone()).await;
+            shutdown.cancel();
+            finish_embedded(embedded).await;
+            result?;
+        }
+        Command::Serve(args) => {
+            let token = match (&args.token, &args.token_file) {
+                (Some(t), _) => Some(t.trim().to_owned()),
+                (None, Some(f)) => Some(
+                    std::fs::read_to_string(f)
+                        .with_context(|| format!("reading the token file {}", f.display()))?
+                        .trim()
+                        .to_owned(),
+                ),
+                (None, None) => None,
+            };
+            let http = mcp::HttpConfig {
+                listen: args.listen.clone(),
+                token,
+                allowed_hosts: args.allowed_hosts.clone(),
+                json_response: args.json_response,
+            };
+            let listener = mcp::bind(&http).await?;
+            let embedded = embedded(&ctx, &args.worker, shutdown.clone())?;
+            let server = mcp::TaskBridge::new(
+                ctx.store.clone(),
+                ctx.home.clone(),
+                ctx.cwd.clone(),
+                embedded.as_ref().map(|e| e.0.clone()),
+            );
+            eprintln!("taskbridge MCP server at http://{}/mcp", listener.local_addr()?);
+            let result = mcp::serve_http(server, listener, http, shutdown.clone()).await;
+            shutdown.cancel();
+            finish_embedded(embedded).await;
+            result?;
+        }
+        _ => anyhow::bail!("internal: not a long-running command"),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+type Embedded = (Arc<Worker>, tokio::task::JoinHandle<worker::Result<()>>, queue::ChangeWatcher);
+
+fn embedded(
+    ctx: &Ctx,
+    emb: &EmbeddedWorker,
+    shutdown: CancellationToken,
+) -> anyhow::Result<Option<Embedded>> {
+    if emb.no_worker {
+        return Ok(None);
+    }
+    spawn_worker(ctx, worker_config(emb.concurrency, false, None), shutdown).map(Some)
+}
+
+async fn finish_embedded(embedded: Option<Embedded>) {
+    if let Some((_, handle, _)) = embedded
+        && let Ok(Err(e)) = handle.await
+    {
+        tracing::error!(error = %e, "embedded worker stopped with an error");
+    }
+}

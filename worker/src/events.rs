@@ -1,0 +1,208 @@
+//! Reading `opencode run --format json`: one JSON event per line (agent-clis.md §1.4).
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Token usage and cost summed over every `step_finish` of a run (or of several runs).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Usage {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub reasoning_tokens: u64,
+    pub cache_read_tokens: u64,
+    pub cache_write_tokens: u64,
+    pub cost_usd: f64,
+    pub steps: u64,
+}
+
+impl Usage {
+    pub fn add(&mut self, other: &Usage) {
+        self.input_tokens += other.input_tokens;
+        self.output_tokens += other.output_tokens;
+        self.reasoning_tokens += other.reasoning_tokens;
+        self.cache_read_tokens += other.cache_read_tokens;
+        self.cache_write_tokens += other.cache_write_tokens;
+        self.cost_usd += other.cost_usd;
+        self.steps += other.steps;
+    }
+}
+
+/// One tool call the agent made, as OpenCode reported it when it completed or failed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    pub tool: String,
+    /// The bash command, the file path, or the tool's title.
+    pub target: String,
+    pub status: String,
+    pub exit_code: Option<i64>,
+}
+
+/// What a run's events add up to.
+#[derive(Debug, Clone, Default)]
+pub struct RunLog {
+    pub session_id: Option<String>,
+    pub texts: Vec<String>,
+    /// Texts since the last `step_start`: the agent's final answer once the run ends.
+    pub last_step_texts: Vec<String>,
+    pub tool_calls: Vec<ToolCall>,
+    pub usage: Usage,
+    pub error: Option<String>,
+    pub events: u64,
+}
+
+/// A human-readable line for the task log, if the event deserves one.
+pub type LogLine = Option<String>;
+
+impl RunLog {
+    /// The agent's final text: the text of the last step that had any.
+    pub fn final_text(&self) -> String {
+        if self.last_step_texts.is_empty() {
+            self.texts.last().cloned().unwrap_or_default()
+        } else {
+            self.last_step_texts.join("\n")
+        }
+    }
+
+    /// Folds one stdout line into the run and returns what the readable log should say.
+    pub fn ingest(&mut self, line: &str) -> LogLine {
+        let Ok(ev) = serde_json::from_str::<Value>(line) else {
+            return Some(format!("(not JSON) {line}"));
+        };
+        self.events += 1;
+        if self.session_id.is_none()
+            && let Some(s) = ev.get("sessionID").and_then(Value::as_str)
+        {
+            self.session_id = Some(s.to_owned());
+        }
+        let part = ev.get("part").cloned().unwrap_or(Value::Null);
+        match ev.get("type").and_then(Value::as_str).unwrap_or("") {
+            "step_start" => {
+                self.last_step_texts.clear();
+                None
+            }
+            "text" => {
+                let text = part.get("text").and_then(Value::as_str).unwrap_or("").to_owned();
+                if text.is_empty() {
+                    return None;
+                }
+                self.texts.push(text.clone());
+                self.last_step_texts.push(text.clone());
+                Some(format!("agent: {text}"))
+            }
+            "reasoning" => {
+                let text = part.get("text").and_then(Value::as_str).unwrap_or("");
+                Some(format!("thinking: {text}"))
+            }
+            "tool_use" => {
+                let call = tool_call(&part);
+                let line = match call.exit_code {
+                    Some(code) => format!("tool {}: {} (exit {code})", call.tool, call.target),
+                    None => format!("tool {}: {} ({})", call.tool, call.target, call.status),
+                };
+                let error = part.pointer("/state/error").and_then(Value::as_str);
+                self.tool_calls.push(call);
+                Some(match error {
+                    Some(e) => format!("{line}: {e}"),
+                    None => line,
+                })
+            }
+            "step_finish" => {
+                let t = |p: &str| part.pointer(p).and_then(Value::as_u64).unwrap_or(0);
+                let step = Usage {
+                    input_tokens: t("/tokens/input"),
+                    output_tokens: t("/tokens/output"),
+                    reasoning_tokens: t("/tokens/reasoning"),
+                    cache_read_tokens: t("/tokens/cache/read"),
+                    cache_write_tokens: t("/tokens/cache/write"),
+                    cost_usd: part.get("cost").and_then(Value::as_f64).unwrap_or(0.0),
+                    steps: 1,
+                };
+                self.usage.add(&step);
+                let reason = part.get("reason").and_then(Value::as_str).unwrap_or("?");
+                Some(format!(
+                    "step finished ({reason}): {} in, {} out, {} reasoning, {} cache read, {} \
+                     cache write, ${:.6}",
+                    step.input_tokens,
+                    step.output_tokens,
+                    step.reasoning_tokens,
+                    step.cache_read_tokens,
+                    step.cache_write_tokens,
+                    step.cost_usd
+                ))
+            }
+            "error" => {
+                let msg = error_message(ev.get("error").unwrap_or(&Value::Null));
+                self.error = Some(msg.clone());
+                Some(format!("error: {msg}"))
+            }
+            _ => None,
+        }
+    }
+}
+
+fn tool_call(part: &Value) -> ToolCall {
+    let tool = part.get("tool").and_then(Value::as_str).unwrap_or("?").to_owned();
+    let state = part.get("state").cloned().unwrap_or(Value::Null);
+    let input = state.get("input").cloned().unwrap_or(Value::Null);
+    let target = ["command", "filePath", "path", "pattern", "url"]
+        .iter()
+        .find_map(|k| input.get(*k).and_then(Value::as_str))
+        .or_else(|| state.get("title").and_then(Value::as_str))
+        .unwrap_or("")
+        .to_owned();
+    ToolCall {
+        tool,
+        target,
+        status: state.get("status").and_then(Value::as_str).unwrap_or("?").to_owned(),
+        exit_code: state.pointer("/metadata/exit").and_then(Value::as_i64),
+    }
+}
+
+/// The agent's own words for an error event, with the HTTP status when there is one.
+fn error_message(err: &Value) -> String {
+    let name = err.get("name").and_then(Value::as_str).unwrap_or("Error");
+    let data = err.get("data").cloned().unwrap_or(Value::Null);
+    let message = data
+        .get("message")
+        .and_then(Value::as_str)
+        .or_else(|| err.get("message").and_then(Value::as_str))
+        .unwrap_or("unknown error");
+    match data.get("statusCode").and_then(Value::as_i64) {
+        Some(code) => format!("{name} (HTTP {code}): {message}"),
+        None => format!("{name}: {message}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tool_turn_is_summed_and_described() {
+        let lines = [
+            r#"{"type":"step_start","sessionID":"ses_A","part":{"type":"step-start"}}"#,
+            r#"{"type":"text","sessionID":"ses_A","part":{"type":"text","text":"Looking."}}"#,
+            r#"{"type":"tool_use","sessionID":"ses_A","part":{"type":"tool","tool":"bash","callID":"t1","state":{"status":"completed","input":{"command":"cargo test -q"},"output":"ok","title":"cargo test -q","metadata":{"output":"ok","exit":0}}}}"#,
+            r#"{"type":"step_finish","sessionID":"ses_A","part":{"reason":"tool-calls","tokens":{"total":5120,"input":980,"output":140,"reasoning":0,"cache":{"write":0,"read":4000}},"cost":0.00624}}"#,
+            r#"{"type":"step_start","sessionID":"ses_A","part":{}}"#,
+            r#"{"type":"text","sessionID":"ses_A","part":{"type":"text","text":"All green."}}"#,
+            r#"{"type":"step_finish","sessionID":"ses_A","part":{"reason":"stop","tokens":{"input":10,"output":5,"reasoning":1,"cache":{"write":2,"read":3}},"cost":0.001}}"#,
+        ];
+        let mut log = RunLog::default();
+        let out: Vec<_> = lines.iter().filter_map(|l| log.ingest(l)).collect();
+        assert_eq!(log.session_id.as_deref(), Some("ses_A"));
+        assert_eq!(log.final_text(), "All green.");
+        assert_eq!(log.usage.input_tokens, 990);
+        assert_eq!(log.usage.cache_read_tokens, 4003);
+        assert!((log.usage.cost_usd - 0.00724).abs() < 1e-9);
+        assert_eq!(log.tool_calls[0].exit_code, Some(0));
+        assert!(out.iter().any(|l| l == "tool bash: cargo test -q (exit 0)"), "{out:?}");
+    }
+
+    #[test]
+    fn an_error_event_keeps_the_agents_message_and_status() {
+        let mut log = RunLog::default();
+        log.ingest(r#"{"type":"error","sessionID":"s","error":{"name":"APIError","data":{"message":"invalid x-api-key","statusCode":401}}}"#);
+        assert_eq!(log.error.as_deref(), Some("APIError (HTTP 401): invalid x-api-key"));
+    }
+}

@@ -1,0 +1,264 @@
+//! The structured result of a task: what the agent said, checked against what git and the event
+//! stream show it did.
+
+use crate::events::{RunLog, Usage};
+use crate::git::{DiffStat, FileTouched};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Stored with the task (as JSON in the queue) and returned by `get_task_result`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TaskResult {
+    pub summary: String,
+    pub files_touched: Vec<FileTouched>,
+    pub tests_run: Vec<TestRun>,
+    pub open_questions: Vec<String>,
+    pub diff: String,
+    pub diffstat: DiffStat,
+    pub usage: Usage,
+    pub branch: Option<String>,
+    pub commit: Option<String>,
+    pub permissions: Vec<Permission>,
+    pub reverted_files: Vec<String>,
+    pub session_id: Option<String>,
+    pub exit_code: Option<i32>,
+    pub tool_calls: usize,
+}
+
+/// A test command: observed (the agent ran it, with its exit code) or only claimed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TestRun {
+    pub command: String,
+    pub exit_code: Option<i64>,
+    /// False when the agent claimed this test but no such command appears in its tool calls.
+    pub observed: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Permission {
+    pub flag: String,
+    pub enabled: bool,
+    /// `enforced` or `advisory`.
+    pub enforcement: String,
+    pub how: String,
+}
+
+/// What the agent put in its ```taskbridge-result block.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ReportedResult {
+    #[serde(default)]
+    pub summary: Option<String>,
+    #[serde(default)]
+    pub tests_run: Vec<Value>,
+    #[serde(default)]
+    pub open_questions: Vec<String>,
+}
+
+/// The body of the last fenced block with the given info string, e.g. ```taskbridge-result.
+pub fn fenced_block(text: &str, info: &str) -> Option<String> {
+    let mut found = None;
+    let mut lines = text.lines();
+    while let Some(line) = lines.next() {
+        let t = line.trim_start();
+        let fence: String = t.chars().take_while(|&c| c == '`' || c == '~').collect();
+        if fence.len() >= 3 && t[fence.len()..].trim() == info {
+            let mut body = Vec::new();
+            for l in lines.by_ref() {
+                if l.trim() == fence {
+                    break;
+                }
+                body.push(l);
+            }
+            found = Some(body.join("\n"));
+        }
+    }
+    found
+}
+
+/// The text with every ```taskbridge-* block removed, for a summary taken from free text.
+fn without_blocks(text: &str) -> String {
+    let mut out = Vec::new();
+    let mut skipping: Option<String> = None;
+    for line in text.lines() {
+        let t = line.trim_start();
+        match &skipping {
+            Some(fence) if line.trim() == fence => skipping = None,
+            Some(_) => {}
+            None => {
+                let fence: String = t.chars().take_while(|&c| c == '`' || c == '~').collect();
+                if fence.len() >= 3 && t[fence.len()..].trim().starts_with("taskbridge-") {
+                    skipping = Some(fence);
+                } else {
+                    out.push(line);
+                }
+            }
+        }
+    }
+    out.join("\n").trim().to_owned()
+}
+
+/// The question from a ```taskbridge-question block: plain text, or JSON with a `question` key.
+pub fn question(final_text: &str) -> Option<String> {
+    let body = fenced_block(final_text, "taskbridge-question")?;
+    let body = body.trim();
+    if body.is_empty() {
+        return None;
+    }
+    if let Ok(v) = serde_json::from_str::<Value>(body)
+        && let Some(q) = v.get("question").and_then(Value::as_str)
+    {
+        let mut q = q.to_owned();
+        if let Some(opts) = v.get("options").and_then(Value::as_array) {
+            let opts: Vec<String> =
+                opts.iter().map(|o| o.as_str().map_or(o.to_string(), str::to_owned)).collect();
+            q.push_str(&format!("\nOptions: {}", opts.join(" | ")));
+        }
+        return Some(q);
+    }
+    Some(body.to_owned())
+}
+
+pub fn reported(final_text: &str) -> ReportedResult {
+    fenced_block(final_text, "taskbridge-result")
+        .and_then(|b| serde_json::from_str(&b).ok())
+        .unwrap_or_default()
+}
+
+pub fn summary(final_text: &str, reported: &ReportedResult) -> String {
+    reported
+        .summary
+        .clone()
+        .filter(|s| !s.trim().is_empty())
+        .unwrap_or_else(|| without_blocks(final_text))
+}
+
+const TEST_WORDS: &[&str] = &[
+    "test",
+    "pytest",
+    "jest",
+    "vitest",
+    "mocha",
+    "rspec",
+    "ctest",
+    "nextest",
+    "tox",
+    "phpunit",
+    "make check",
+    "go vet",
+    "spec",
+];
+
+fn looks_like_test(cmd: &str) -> bool {
+    let c = cmd.to_lowercase();
+    TEST_WORDS.iter().any(|w| c.contains(w))
+}
+
+fn normalise(cmd: &str) -> String {
+    cmd.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// Test commands the agent really ran (bash calls that look like tests, with exit codes), then
+/// any it claimed in its report without running them, marked not observed.
+pub fn tests_run(run: &RunLog, reported: &ReportedResult) -> Vec<TestRun> {
+    let mut out: Vec<TestRun> = run
+        .tool_calls
+        .iter()
+        .filter(|c| c.tool == "bash" && looks_like_test(&c.target))
+        .map(|c| TestRun { command: c.target.clone(), exit_code: c.exit_code, observed: true })
+        .collect();
+    for claim in &reported.tests_run {
+        let cmd = match claim {
+            Value::String(s) => s.clone(),
+            other => other.get("command").and_then(Value::as_str).unwrap_or_default().to_owned(),
+        };
+        if cmd.trim().is_empty() {
+            continue;
+        }
+        let n = normalise(&cmd);
+        let seen = run.tool_calls.iter().any(|c| {
+            c.tool == "bash" && (normalise(&c.target) == n || normalise(&c.target).contains(&n))
+        });
+        if !seen && !out.iter().any(|t| normalise(&t.command) == n) {
+            out.push(TestRun { command: cmd, exit_code: None, observed: false });
+        }
+    }
+    out
+}
+
+/// How each safety flag was applied, said honestly.
+pub fn permissions(readonly: bool, no_shell: bool, no_network: bool) -> Vec<Permission> {
+    let p = |flag: &str, enabled: bool, enforcement: &str, how: &str| Permission {
+        flag: flag.into(),
+        enabled,
+        enforcement: enforcement.into(),
+        how: how.into(),
+    };
+    vec![
+        p(
+            "readonly",
+            readonly,
+            "enforced",
+            "OpenCode's edit permission is denied, and every change left in the worktree (for \
+             example by a shell command) is reverted after the run and listed in reverted_files",
+        ),
+        p("no_shell", no_shell, "enforced", "OpenCode's bash permission is denied"),
+        p(
+            "no_network",
+            no_network,
+            "advisory",
+            "OpenCode's webfetch and websearch permissions are denied; shell commands could \
+             still reach the network",
+        ),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::events::ToolCall;
+
+    const REPORT: &str = "Done.\n\n```taskbridge-result\n{\"summary\": \"Added parse()\", \"tests_run\": [\"cargo test\", \"npm test\"], \"open_questions\": [\"Keep the old API?\"]}\n```\n";
+
+    #[test]
+    fn reported_block_gives_summary_and_questions() {
+        let r = reported(REPORT);
+        assert_eq!(summary(REPORT, &r), "Added parse()");
+        assert_eq!(r.open_questions, vec!["Keep the old API?"]);
+        let plain = "Fixed it.\n```taskbridge-result\nnot json\n```";
+        assert_eq!(summary(plain, &reported(plain)), "Fixed it.");
+    }
+
+    #[test]
+    fn claimed_tests_that_never_ran_are_marked_not_observed() {
+        let run = RunLog {
+            tool_calls: vec![ToolCall {
+                tool: "bash".into(),
+                target: "cargo  test".into(),
+                status: "completed".into(),
+                exit_code: Some(101),
+            }],
+            ..Default::default()
+        };
+        let t = tests_run(&run, &reported(REPORT));
+        assert_eq!(
+            t,
+            vec![
+                TestRun { command: "cargo  test".into(), exit_code: Some(101), observed: true },
+                TestRun { command: "npm test".into(), exit_code: None, observed: false },
+            ]
+        );
+    }
+
+    #[test]
+    fn question_block_in_text_or_json() {
+        assert_eq!(
+            question("I need input.\n```taskbridge-question\nSQLite or Postgres?\n```").as_deref(),
+            Some("SQLite or Postgres?")
+        );
+        assert_eq!(
+            question("```taskbridge-question\n{\"question\": \"Which?\", \"options\": [\"a\", \"b\"]}\n```").as_deref(),
+            Some("Which?\nOptions: a | b")
+        );
+        assert_eq!(question("no block"), None);
+    }
+}

@@ -1,0 +1,714 @@
+//! The claim loop and the life of one task run.
+//!
+//! # Lifecycle
+//! A [`Worker`] registers itself in the database, recovers tasks left by dead workers on this
+//! host, then loops: while it has a free slot it claims the next runnable task and runs it; when
+//! nothing is runnable it sleeps until a commit is noticed (same process: at once; another
+//! process: the queue's [`queue::ChangeWatcher`]) or a one-second safety-net tick. Each run holds
+//! a lease that a heartbeat extends every third of its length; the heartbeat also carries cancel
+//! requests. A lost lease stops the run without writing anything: the fencing token makes sure a
+//! worker that was paused or partitioned can never overwrite the next run's result.
+
+use crate::error::{Error, Result};
+use crate::events::Usage;
+use crate::git;
+use crate::logs::TaskLog;
+use crate::process::{self, AgentCommand, StopReason};
+use crate::result::{self, TaskResult};
+use queue::{Claim, Home, Outcome, RunFacts, Store, Task, TaskId};
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+use tokio::sync::{Notify, Semaphore, watch};
+use tokio_util::sync::CancellationToken;
+
+const PREAMBLE: &str = include_str!("../../assets/preamble.md");
+const RESUME: &str = include_str!("../../assets/resume.md");
+
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    pub concurrency: usize,
+    pub lease: Duration,
+    /// The OpenCode executable: `TASKBRIDGE_OPENCODE`, else `opencode` on PATH.
+    pub opencode: PathBuf,
+    /// Used when neither the task nor the database names a model.
+    pub default_model: Option<String>,
+    /// Exit once nothing is running and nothing is runnable.
+    pub once: bool,
+    /// Base of the full-jitter exponential backoff between attempts.
+    pub retry_base: Duration,
+    pub retry_cap: Duration,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        WorkerConfig {
+            concurrency: 2,
+            lease: Duration::from_secs(30),
+            opencode: std::env::var_os("TASKBRIDGE_OPENCODE")
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from("opencode")),
+            default_model: None,
+            once: false,
+            retry_base: Duration::from_secs(10),
+            retry_cap: Duration::from_secs(600),
+        }
+    }
+}
+
+/// Per-repository set-up, from `.taskbridge.toml` at the repository's top level.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RepoConfig {
+    #[serde(default)]
+    pub setup: SetupConfig,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SetupConfig {
+    /// Shell commands run in a new worktree before the agent starts, with `TASKBRIDGE_REPO` set
+    /// to the main checkout (e.g. `cp "$TASKBRIDGE_REPO/.env" .`, `npm ci`).
+    #[serde(default)]
+    pub commands: Vec<String>,
+}
+
+pub struct Worker {
+    store: Arc<Store>,
+    home: Home,
+    cfg: WorkerConfig,
+    id: String,
+    host: String,
+    wake: Arc<Notify>,
+    running: AtomicUsize,
+}
+
+pub fn hostname() -> String {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+impl Worker {
+    pub fn new(store: Arc<Store>, home: Home, cfg: WorkerConfig) -> Arc<Worker> {
+        let wake = Arc::new(Notify::new());
+        let w = wake.clone();
+        store.on_change(move || w.notify_one());
+        let host = hostname();
+        let id = format!("{host}:{}:{}", std::process::id(), fastrand::u32(..) % 100_000);
+        Arc::new(Worker { store, home, cfg, id, host, wake, running: AtomicUsize::new(0) })
+    }
+
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// A handle that wakes the claim loop; give it to anything that learns of outside commits.
+    pub fn waker(&self) -> Arc<Notify> {
+        self.wake.clone()
+    }
+
+    /// Tasks being run by this worker now.
+    pub fn running(&self) -> usize {
+        self.running.load(Ordering::Relaxed)
+    }
+
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Store) -> queue::Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || f(&store))
+            .await
+            .map_err(|e| Error::Join(e.to_string()))?
+            .map_err(Error::from)
+    }
+
+    /// Runs until `shutdown` is cancelled (or, with `once`, until the queue is idle). On shutdown
+    /// running agents are stopped and their tasks go back to the queue without using an attempt.
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) -> Result<()> {
+        let (id, host, conc) = (self.id.clone(), self.host.clone(), self.cfg.concurrency);
+        self.blocking(move |s| s.register_worker(&id, std::process::id(), &host, conc)).await?;
+        self.recover_dead_local_workers().await;
+        let housekeeping = tokio::spawn(self.clone().housekeeping(shutdown.clone()));
+        let slots = Arc::new(Semaphore::new(self.cfg.concurrency.max(1)));
+        let mut runs = tokio::task::JoinSet::new();
+        tracing::info!(worker = %self.id, concurrency = self.cfg.concurrency, "worker started");
+        loop {
+            let permit = tokio::select! {
+                p = slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+                _ = shutdown.cancelled() => break,
+            };
+            let (id, host, lease) = (self.id.clone(), self.host.clone(), self.cfg.lease);
+            let claimed = match self.blocking(move |s| s.claim_next(&id, &host, lease)).await {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::error!(error = %e, "claiming a task failed; retrying in 1 s");
+                    None
+                }
+            };
+            match claimed {
+                Some(claim) => {
+                    let me = self.clone();
+                    let stop = shutdown.clone();
+                    self.running.fetch_add(1, Ordering::Relaxed);
+                    runs.spawn(async move {
+                        let id = claim.task.id;
+                        if let Err(e) = me.clone().execute(claim, stop).await {
+                            tracing::error!(task = %id, error = %e, "task run failed");
+                        }
+                        me.running.fetch_sub(1, Ordering::Relaxed);
+                        drop(permit);
+                    });
+                    continue;
+                }
+                None => drop(permit),
+            }
+            while runs.try_join_next().is_some() {}
+            if self.cfg.once && runs.is_empty() && !self.anything_runnable().await {
+                break;
+            }
+            tokio::select! {
+                _ = self.wake.notified() => {}
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                Some(_) = runs.join_next(), if !runs.is_empty() => {}
+                _ = shutdown.cancelled() => break,
+            }
+        }
+        // Stop: running tasks see the cancellation and release themselves.
+        while runs.join_next().await.is_some() {}
+        housekeeping.abort();
+        let id = self.id.clone();
+        let _ = self.blocking(move |s| s.worker_stopped(&id)).await;
+        tracing::info!(worker = %self.id, "worker stopped");
+        Ok(())
+    }
+
+    async fn anything_runnable(&self) -> bool {
+        match self.blocking(|s| s.status()).await {
+            Ok(st) => st.counts.get("queued").copied().unwrap_or(0) > 0,
+            Err(_) => true,
+        }
+    }
+
+    /// Worker heartbeats and the lease sweeper, every few seconds.
+    async fn housekeeping(self: Arc<Self>, shutdown: CancellationToken) {
+        let mut tick = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = shutdown.cancelled() => return,
+            }
+            let id = self.id.clone();
+            if let Err(e) = self.blocking(move |s| s.worker_heartbeat(&id)).await {
+                tracing::warn!(error = %e, "worker heartbeat failed");
+            }
+            self.reap().await;
+        }
+    }
+
+    /// Requeues (or fails) tasks whose lease expired and kills their orphaned agents on this
+    /// host, so that a task never runs in two places at once.
+    pub async fn reap(&self) {
+        match self.blocking(|s| s.reap_expired()).await {
+            Ok(reaped) => {
+                for r in reaped {
+                    tracing::warn!(task = %r.id, requeued = r.requeued, "lease expired");
+                    if r.worker_host.as_deref() == Some(self.host.as_str())
+                        && let Some(pid) = r.agent_pid
+                        && process::kill_orphan(pid, r.agent_started.as_deref())
+                    {
+                        tracing::warn!(task = %r.id, pid, "killed the orphaned agent");
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "reaping expired leases failed"),
+        }
+    }
+
+    /// A worker process on this host that died (kill -9, crash) leaves running tasks behind;
+    /// there is no need to wait for their leases to expire when its pid is gone.
+    async fn recover_dead_local_workers(&self) {
+        let Ok(workers) = self.blocking(|s| s.workers()).await else { return };
+        for w in workers {
+            if w.stopped || w.host != self.host || w.id == self.id || process::pid_alive(w.pid) {
+                continue;
+            }
+            let wid = w.id.clone();
+            if let Ok(ids) = self.blocking(move |s| s.release_worker_tasks(&wid)).await
+                && !ids.is_empty()
+            {
+                tracing::warn!(worker = %w.id, tasks = ?ids, "recovering tasks of a dead worker");
+            }
+        }
+        self.reap().await;
+    }
+
+    fn backoff(&self, attempts: i64) -> f64 {
+        let exp = self.cfg.retry_base.as_secs_f64() * 2f64.powi(attempts.clamp(0, 20) as i32);
+        fastrand::f64() * exp.min(self.cfg.retry_cap.as_secs_f64())
+    }
+
+    /// One run of a claimed task, from worktree to recorded outcome.
+    async fn execute(self: Arc<Self>, claim: Claim, shutdown: CancellationToken) -> Result<()> {
+        let Claim { task, token, resume, new_notes } = claim;
+        let id = task.id;
+        let mut log = TaskLog::open(&self.home.logs_dir(), id.0);
+        log.line(&match &resume {
+            Some(_) => format!("resuming after an answer (worker {})", self.id),
+            None => {
+                format!("attempt {} of {} (worker {})", task.attempts, task.max_attempts, self.id)
+            }
+        });
+
+        let (stop_tx, stop_rx) = watch::channel(None);
+        let heartbeat = tokio::spawn(self.clone().heartbeat(id, token, stop_tx, shutdown));
+
+        let outcome = self.run_once(&task, token, resume, new_notes, &mut log, stop_rx).await;
+        heartbeat.abort();
+        let outcome = match outcome {
+            Ok(Some(o)) => o,
+            Ok(None) => {
+                log.line("this worker lost the lease; another worker owns the task now");
+                return Ok(());
+            }
+            Err(e) => {
+                log.line(&format!("error: {e}"));
+                Outcome::Failed {
+                    error: e.to_string(),
+                    result: None,
+                    backoff_s: self.backoff(task.attempts),
+                }
+            }
+        };
+        let summary = describe(&outcome);
+        match self.blocking(move |s| s.finish(id, token, outcome)).await {
+            Ok(t) => {
+                log.line(&format!("{summary}; task is {}", t.status));
+                if t.status == queue::TaskStatus::Waiting {
+                    notify_desktop(
+                        &format!("TaskBridge task {} asks", id.0),
+                        t.question.as_deref().unwrap_or(""),
+                    );
+                }
+            }
+            Err(Error::Queue(queue::Error::StaleLease { .. })) => {
+                log.line("the result was rejected: this worker's lease is no longer valid");
+            }
+            Err(e) => return Err(e),
+        }
+        Ok(())
+    }
+
+    /// Extends the lease while the run lasts and turns cancel requests, a lost lease and
+    /// shutdown into a stop signal for the agent.
+    async fn heartbeat(
+        self: Arc<Self>,
+        id: TaskId,
+        token: i64,
+        stop: watch::Sender<Option<StopReason>>,
+        shutdown: CancellationToken,
+    ) {
+        let lease = self.cfg.lease;
+        let mut tick = tokio::time::interval((lease / 3).max(Duration::from_millis(200)));
+        // Cancel requests are also checked more often than the lease needs, so a cancel acts in
+        // well under a second.
+        let mut fast = tokio::time::interval(Duration::from_millis(250));
+        loop {
+            let renew = tokio::select! {
+                _ = tick.tick() => true,
+                _ = fast.tick() => false,
+                _ = shutdown.cancelled() => {
+                    let _ = stop.send(Some(StopReason::Shutdown));
+                    return;
+                }
+            };
+            let result = if renew {
+                self.blocking(move |s| s.heartbeat(id, token, lease))
+                    .await
+                    .map(|r| r.cancel_requested)
+            } else {
+                self.blocking(move |s| s.get(id)).await.map(|t| t.cancel_requested)
+            };
+            match result {
+                Ok(true) => {
+                    let _ = stop.send(Some(StopReason::Cancel));
+                    return;
+                }
+                Ok(false) => {}
+                Err(Error::Queue(queue::Error::StaleLease { .. }))
+                | Err(Error::Queue(queue::Error::NotFound(_))) => {
+                    let _ = stop.send(Some(StopReason::LostLease));
+                    return;
+                }
+                Err(e) => tracing::warn!(task = %id, error = %e, "heartbeat failed"),
+            }
+        }
+    }
+
+    /// Returns `None` when the lease was lost (nothing may be written).
+    async fn run_once(
+        &self,
+        task: &Task,
+        token: i64,
+        resume: Option<queue::Resume>,
+        new_notes: Vec<String>,
+        log: &mut TaskLog,
+        stop: watch::Receiver<Option<StopReason>>,
+    ) -> Result<Option<Outcome>> {
+        let id = task.id;
+        let dir = task
+            .worktree
+            .as_ref()
+            .map(PathBuf::from)
+            .unwrap_or_else(|| self.home.worktrees_dir().join(format!("task-{}", id.0)));
+        let fresh = !dir.exists();
+        let (repo, base, d) = (PathBuf::from(&task.repo), task.base.clone(), dir.clone());
+        let branch = match tokio::task::spawn_blocking(move || {
+            git::prepare_worktree(&repo, &base, id.0, &d)
+        })
+        .await
+        .map_err(|e| Error::Join(e.to_string()))?
+        {
+            Ok(b) => b,
+            Err(e) => {
+                let error = format!("could not prepare the worktree: {e}");
+                return Ok(Some(Outcome::FailedPermanently { error, result: None }));
+            }
+        };
+        log.line(&format!("worktree {} on branch {branch}", dir.display()));
+        let facts = RunFacts {
+            branch: Some(branch.clone()),
+            worktree: Some(dir.display().to_string()),
+            ..Default::default()
+        };
+        if let Err(e) = self.blocking(move |s| s.record_run(id, token, facts)).await {
+            return lost_or(e);
+        }
+        if fresh && let Some(error) = self.setup(task, &dir, log).await {
+            return Ok(Some(Outcome::Failed {
+                error,
+                result: None,
+                backoff_s: self.backoff(task.attempts),
+            }));
+        }
+
+        let model = match &task.model {
+            Some(m) => Some(m.clone()),
+            None => self
+                .blocking(|s| s.setting("default_model"))
+                .await
+                .ok()
+                .flatten()
+                .or_else(|| self.cfg.default_model.clone()),
+        };
+        let mut args: Vec<String> = vec!["run".into(), "--format".into(), "json".into()];
+        // --auto answers "ask" rules (which headless OpenCode would auto-reject, ending the run);
+        // our explicit denies below still hold.
+        args.push("--auto".into());
+        args.extend(["--title".into(), format!("taskbridge #{}: {}", id.0, task.title)]);
+        if let Some(m) = &model {
+            args.extend(["-m".into(), m.clone()]);
+        }
+        if let Some(a) = &task.agent {
+            args.extend(["--agent".into(), a.clone()]);
+        }
+        let prompt = match &resume {
+            Some(r) => {
+                args.extend(["--session".into(), r.session_id.clone()]);
+                format!("{RESUME}{}{}", r.answer, notes_section(&new_notes))
+            }
+            None => format!(
+                "{PREAMBLE}\n# Task {}: {}\n\n{}{}",
+                id.0,
+                task.title,
+                task.prompt,
+                notes_section(&new_notes)
+            ),
+        };
+        let env = vec![("OPENCODE_PERMISSION".to_owned(), permission_json(task))];
+        let deadline =
+            tokio::time::Instant::now() + Duration::from_secs(task.timeout_s.max(1) as u64);
+
+        let mut tries = 0;
+        let exit = loop {
+            tries += 1;
+            let cmd = AgentCommand {
+                program: self.cfg.opencode.clone(),
+                args: args.clone(),
+                env: env.clone(),
+                cwd: dir.clone(),
+                stdin: prompt.clone(),
+            };
+            log.line(&format!("$ {} {}", self.cfg.opencode.display(), shell_words(&args)));
+            let store = self.store.clone();
+            let on_spawn = move |pid: i64, started: Option<String>| {
+                let facts =
+                    RunFacts { agent_pid: Some(pid), agent_started: started, ..Default::default() };
+                if let Err(e) = store.record_run(id, token, facts) {
+                    tracing::warn!(task = %id, error = %e, "recording the agent pid failed");
+                }
+            };
+            let exit = match process::run_agent(cmd, log, stop.clone(), deadline, on_spawn).await {
+                Ok(exit) => exit,
+                Err(e) => {
+                    let error = if e.kind() == std::io::ErrorKind::NotFound {
+                        format!(
+                            "could not start '{}': not found. Install OpenCode with `npm install -g \
+                             opencode-ai` or set TASKBRIDGE_OPENCODE to its path",
+                            self.cfg.opencode.display()
+                        )
+                    } else {
+                        format!("could not start '{}': {e}", self.cfg.opencode.display())
+                    };
+                    return Ok(Some(Outcome::FailedPermanently { error, result: None }));
+                }
+            };
+            // Several first runs under a fresh OpenCode home race on its database migration
+            // (agent-clis.md §5); such a run did no work and is simply run again.
+            let migration_race = exit.stopped.is_none()
+                && exit.exit_code != Some(0)
+                && exit.run.events == 0
+                && exit.stderr_tail.contains("Failed query");
+            if migration_race && tries < 4 {
+                log.line("OpenCode failed while setting up its database; running it again");
+                tokio::time::sleep(Duration::from_millis(300 * tries)).await;
+                continue;
+            }
+            break exit;
+        };
+
+        let prev_usage = task
+            .result
+            .as_ref()
+            .and_then(|r| serde_json::from_value::<TaskResult>(r.clone()).ok())
+            .map(|r| r.usage)
+            .unwrap_or_default();
+        let final_text = exit.run.final_text();
+        let reported = result::reported(&final_text);
+        let mut res = TaskResult {
+            summary: result::summary(&final_text, &reported),
+            tests_run: result::tests_run(&exit.run, &reported),
+            open_questions: reported.open_questions.clone(),
+            usage: {
+                let mut u: Usage = prev_usage;
+                u.add(&exit.run.usage);
+                u
+            },
+            branch: Some(branch.clone()),
+            permissions: result::permissions(task.readonly, task.no_shell, task.no_network),
+            session_id: exit.run.session_id.clone().or_else(|| task.session_id.clone()),
+            exit_code: exit.exit_code,
+            tool_calls: exit.run.tool_calls.len(),
+            ..Default::default()
+        };
+        if let Some(session) = &exit.run.session_id {
+            let facts = RunFacts { session_id: Some(session.clone()), ..Default::default() };
+            let _ = self.blocking(move |s| s.record_run(id, token, facts)).await;
+        }
+
+        let failure = match exit.stopped {
+            Some(StopReason::LostLease) => return Ok(None),
+            Some(StopReason::Shutdown) => return Ok(Some(Outcome::Released)),
+            Some(StopReason::Cancel) => {
+                self.fill_diff(task, &dir, &mut res, false).await;
+                return Ok(Some(Outcome::Cancelled { result: Some(to_json(&res)) }));
+            }
+            Some(StopReason::Timeout) => Some(format!("timed out after {} s", task.timeout_s)),
+            None => match (&exit.run.error, exit.exit_code) {
+                (Some(e), _) => Some(e.clone()),
+                (None, Some(0)) => None,
+                (None, code) => Some(format!(
+                    "opencode exited with {}{}",
+                    code.map_or("a signal".to_owned(), |c| format!("status {c}")),
+                    if exit.stderr_tail.is_empty() {
+                        String::new()
+                    } else {
+                        format!(": {}", exit.stderr_tail)
+                    }
+                )),
+            },
+        };
+        if let Some(error) = failure {
+            self.fill_diff(task, &dir, &mut res, false).await;
+            return Ok(Some(Outcome::Failed {
+                error,
+                result: Some(to_json(&res)),
+                backoff_s: self.backoff(task.attempts),
+            }));
+        }
+        if let Some(question) = result::question(&final_text) {
+            let Some(session_id) = res.session_id.clone() else {
+                let error =
+                    "the agent asked a question but OpenCode reported no session to resume".into();
+                return Ok(Some(Outcome::Failed {
+                    error,
+                    result: Some(to_json(&res)),
+                    backoff_s: 0.0,
+                }));
+            };
+            return Ok(Some(Outcome::Waiting {
+                question,
+                session_id,
+                result: Some(to_json(&res)),
+            }));
+        }
+        if task.readonly {
+            let d = dir.clone();
+            res.reverted_files = tokio::task::spawn_blocking(move || git::revert_all(&d))
+                .await
+                .map_err(|e| Error::Join(e.to_string()))??;
+            if !res.reverted_files.is_empty() {
+                log.line(&format!("read-only task: reverted {}", res.reverted_files.join(", ")));
+            }
+        }
+        self.fill_diff(task, &dir, &mut res, true).await;
+        if !task.worktree_keep {
+            let (repo, d) = (PathBuf::from(&task.repo), dir.clone());
+            match tokio::task::spawn_blocking(move || git::remove_worktree(&repo, id.0, &d)).await {
+                Ok(Ok(())) => log.line("work committed; worktree removed (the branch keeps it)"),
+                Ok(Err(e)) => log.line(&format!("could not remove the worktree: {e}")),
+                Err(e) => log.line(&format!("could not remove the worktree: {e}")),
+            }
+        }
+        Ok(Some(Outcome::Done { result: to_json(&res) }))
+    }
+
+    /// Fills files_touched, diff and diffstat from git; with `commit`, first commits the work on
+    /// the task branch. Errors are logged into the result's summary rather than losing it.
+    async fn fill_diff(&self, task: &Task, dir: &Path, res: &mut TaskResult, commit: bool) {
+        let (d, base) = (dir.to_path_buf(), task.base.clone());
+        let message = format!("taskbridge: task {}: {}\n\n{}", task.id.0, task.title, res.summary);
+        let out = tokio::task::spawn_blocking(move || -> Result<_> {
+            let sha = if commit { git::commit_all(&d, &message)? } else { None };
+            Ok((sha, git::diff_against_base(&d, &base)?))
+        })
+        .await;
+        match out {
+            Ok(Ok((sha, diff))) => {
+                res.commit = sha;
+                res.files_touched = diff.files;
+                res.diff = diff.patch;
+                res.diffstat = diff.stat;
+            }
+            Ok(Err(e)) => tracing::warn!(task = %task.id, error = %e, "diff failed"),
+            Err(e) => tracing::warn!(task = %task.id, error = %e, "diff failed"),
+        }
+    }
+
+    /// Runs the repository's set-up commands in a new worktree. Returns an error message if one
+    /// fails.
+    async fn setup(&self, task: &Task, dir: &Path, log: &mut TaskLog) -> Option<String> {
+        let path = Path::new(&task.repo).join(".taskbridge.toml");
+        let text = std::fs::read_to_string(&path).ok()?;
+        let cfg: RepoConfig = match toml::from_str(&text) {
+            Ok(c) => c,
+            Err(e) => return Some(format!("{} is not valid: {e}", path.display())),
+        };
+        for cmd in cfg.setup.commands {
+            log.line(&format!("setup: {cmd}"));
+            let out = tokio::process::Command::new("sh")
+                .arg("-c")
+                .arg(&cmd)
+                .current_dir(dir)
+                .env("PWD", dir)
+                .env("TASKBRIDGE_REPO", &task.repo)
+                .env("TASKBRIDGE_TASK_ID", task.id.0.to_string())
+                .stdin(std::process::Stdio::null())
+                .output()
+                .await;
+            match out {
+                Ok(o) => {
+                    for l in String::from_utf8_lossy(&o.stdout)
+                        .lines()
+                        .chain(String::from_utf8_lossy(&o.stderr).lines())
+                    {
+                        log.line(&format!("setup: {l}"));
+                    }
+                    if !o.status.success() {
+                        return Some(format!("setup command `{cmd}` failed with {}", o.status));
+                    }
+                }
+                Err(e) => return Some(format!("setup command `{cmd}` could not start: {e}")),
+            }
+        }
+        None
+    }
+}
+
+fn lost_or(e: Error) -> Result<Option<Outcome>> {
+    match e {
+        Error::Queue(queue::Error::StaleLease { .. }) => Ok(None),
+        e => Err(e),
+    }
+}
+
+fn to_json(res: &TaskResult) -> serde_json::Value {
+    serde_json::to_value(res).unwrap_or(serde_json::Value::Null)
+}
+
+fn notes_section(notes: &[String]) -> String {
+    if notes.is_empty() {
+        return String::new();
+    }
+    let mut s = String::from("\n\n# Notes from the planner\n");
+    for n in notes {
+        s.push_str(&format!("- {n}\n"));
+    }
+    s
+}
+
+/// OpenCode's permission rules for the task's flags. Nothing may resolve to "ask": headless
+/// OpenCode would reject it and stop (agent-clis.md §1.6).
+pub fn permission_json(task: &Task) -> String {
+    let mut p = serde_json::Map::new();
+    p.insert("external_directory".into(), "deny".into());
+    if task.readonly {
+        p.insert("edit".into(), "deny".into());
+    }
+    if task.no_shell {
+        p.insert("bash".into(), "deny".into());
+    }
+    if task.no_network {
+        p.insert("webfetch".into(), "deny".into());
+        p.insert("websearch".into(), "deny".into());
+    }
+    serde_json::Value::Object(p).to_string()
+}
+
+fn shell_words(args: &[String]) -> String {
+    args.iter()
+        .map(|a| if a.contains(' ') { format!("'{a}'") } else { a.clone() })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn describe(o: &Outcome) -> String {
+    match o {
+        Outcome::Done { .. } => "done".into(),
+        Outcome::Failed { error, .. } => format!("attempt failed: {error}"),
+        Outcome::FailedPermanently { error, .. } => format!("failed: {error}"),
+        Outcome::Waiting { question, .. } => format!("the agent asks: {question}"),
+        Outcome::Cancelled { .. } => "cancelled".into(),
+        Outcome::Released => "released back to the queue (worker shutting down)".into(),
+    }
+}
+
+/// A desktop notification where a desktop session exists; silently nothing elsewhere.
+pub fn notify_desktop(title: &str, body: &str) {
+    let desktop =
+        std::env::var_os("DISPLAY").is_some() || std::env::var_os("WAYLAND_DISPLAY").is_some();
+    if !desktop {
+        return;
+    }
+    let _ = std::process::Command::new("notify-send")
+        .args([title, body])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn();
+}
