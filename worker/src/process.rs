@@ -56,18 +56,88 @@ pub fn pid_alive(pid: i64) -> bool {
     nix::sys::signal::kill(Pid::from_raw(pid), None).is_ok()
 }
 
-/// Kills the process group led by `pid` if that process is the one that started at `started`.
+/// Kills the orphaned agent `pid` and everything it started, if that process is the one that
+/// started at `started` (a pid alone may have been reused).
 pub fn kill_orphan(pid: i64, started: Option<&str>) -> bool {
     let (Ok(p), Some(started)) = (i32::try_from(pid), started) else { return false };
     if process_start_time(pid).as_deref() != Some(started) {
         return false;
     }
-    killpg(Pid::from_raw(p), Signal::SIGKILL).is_ok()
+    let mut tree = ProcessTree::new(p);
+    tree.refresh();
+    tree.signal(Signal::SIGKILL);
+    true
 }
 
-fn signal_group(pgid: i32, sig: Signal) {
-    // ESRCH (the group is gone) is the normal case after a clean exit.
-    let _ = killpg(Pid::from_raw(pgid), sig);
+/// `(pid, ppid, pgid)` of every process, from /proc.
+fn processes() -> Vec<(i32, i32, i32)> {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    dir.filter_map(|e| {
+        let pid: i32 = e.ok()?.file_name().to_str()?.parse().ok()?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let mut f = stat[stat.rfind(')')? + 2..].split_whitespace();
+        let _state = f.next()?;
+        let ppid = f.next()?.parse().ok()?;
+        let pgid = f.next()?.parse().ok()?;
+        Some((pid, ppid, pgid))
+    })
+    .collect()
+}
+
+/// An agent and everything it started. OpenCode runs shell commands detached, in process groups
+/// of their own, so killing the agent's group alone would leave them running: the tree remembers
+/// every process group it has seen below the agent, and signals them all.
+pub struct ProcessTree {
+    root: i32,
+    own_group: i32,
+    groups: std::collections::BTreeSet<i32>,
+    pids: std::collections::BTreeSet<i32>,
+}
+
+impl ProcessTree {
+    pub fn new(root: i32) -> Self {
+        let own_group = nix::unistd::getpgrp().as_raw();
+        let mut groups = std::collections::BTreeSet::new();
+        if root > 0 && root != own_group {
+            groups.insert(root);
+        }
+        ProcessTree { root, own_group, groups, pids: Default::default() }
+    }
+
+    /// Records the current descendants of the root and their process groups. A group seen before
+    /// stays while any process is still in it, even one whose parent died: a process group id is
+    /// not reused while the group has members, so signalling it can only reach the agent's work.
+    pub fn refresh(&mut self) {
+        if self.root <= 0 {
+            return;
+        }
+        let procs = processes();
+        let live_groups: std::collections::BTreeSet<i32> = procs.iter().map(|p| p.2).collect();
+        self.groups.retain(|g| live_groups.contains(g));
+        self.pids.clear();
+        let mut frontier = vec![self.root];
+        while let Some(parent) = frontier.pop() {
+            for &(pid, ppid, pgid) in &procs {
+                if ppid == parent && self.pids.insert(pid) {
+                    frontier.push(pid);
+                    // Never our own group: that would kill the worker itself.
+                    if pgid > 1 && pgid != self.own_group {
+                        self.groups.insert(pgid);
+                    }
+                }
+            }
+        }
+    }
+
+    pub fn signal(&self, sig: Signal) {
+        for &g in &self.groups {
+            // ESRCH (the group is gone) is the normal case after a clean exit.
+            let _ = killpg(Pid::from_raw(g), sig);
+        }
+        for &p in &self.pids {
+            let _ = nix::sys::signal::kill(Pid::from_raw(p), sig);
+        }
+    }
 }
 
 /// Spawns the agent, feeds it `stdin` and closes it (OpenCode reads stdin to EOF), and reads its
@@ -93,7 +163,8 @@ pub async fn run_agent(
         .spawn()?;
     let pid = child.id().map(i64::from).unwrap_or(0);
     on_spawn(pid, process_start_time(pid));
-    let pgid = i32::try_from(pid).unwrap_or(0);
+    let mut tree = ProcessTree::new(i32::try_from(pid).unwrap_or(0));
+    let mut scan = tokio::time::interval(Duration::from_millis(500));
 
     if let Some(mut stdin) = child.stdin.take() {
         let prompt = cmd.stdin;
@@ -148,6 +219,7 @@ pub async fn run_agent(
                     break;
                 }
             }
+            _ = scan.tick() => tree.refresh(),
             _ = tokio::time::sleep_until(deadline), if stopped.is_none() => {
                 stopped = Some(StopReason::Timeout);
                 break;
@@ -158,21 +230,24 @@ pub async fn run_agent(
         }
     }
     let status = if let Some(reason) = stopped {
-        log.line(&format!("stopping the agent ({reason:?}): SIGTERM to its process group"));
-        signal_group(pgid, Signal::SIGTERM);
+        log.line(&format!("stopping the agent ({reason:?}): SIGTERM to its processes"));
+        tree.refresh();
+        tree.signal(Signal::SIGTERM);
         match tokio::time::timeout(KILL_GRACE, child.wait()).await {
             Ok(status) => status?,
             Err(_) => {
                 log.line("the agent did not exit in 3 s: SIGKILL");
-                signal_group(pgid, Signal::SIGKILL);
+                tree.refresh();
+                tree.signal(Signal::SIGKILL);
                 child.wait().await?
             }
         }
     } else {
         child.wait().await?
     };
-    // Anything the agent left running in its group (servers, watchers) goes with it.
-    signal_group(pgid, Signal::SIGKILL);
+    // Anything the agent left running (servers, watchers, detached commands) goes with it.
+    tree.refresh();
+    tree.signal(Signal::SIGKILL);
     Ok(AgentExit {
         exit_code: status.code(),
         stopped,

@@ -1,0 +1,177 @@
+//! A loopback mock of the Anthropic Messages API that streams scripted turns, enough for the real
+//! OpenCode CLI (and Claude Code) to accept it (agent-clis.md §4). It records every request so a
+//! test can check what the agent sent, and the usage it reported so a test can check the sums.
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+/// One scripted answer of the model.
+#[derive(Debug, Clone)]
+pub enum Turn {
+    /// A text block, then `end_turn`.
+    Text(String),
+    /// Optional text, then one tool call, then `tool_use`.
+    Tool { name: String, input: Value },
+    /// An HTTP error with an Anthropic error body.
+    Error { status: u16, kind: String, message: String },
+    /// Never answers (until the connection is dropped): a model that takes forever.
+    Hang,
+}
+
+impl Turn {
+    pub fn text(s: impl Into<String>) -> Self {
+        Turn::Text(s.into())
+    }
+    pub fn tool(name: &str, input: Value) -> Self {
+        Turn::Tool { name: name.into(), input }
+    }
+    pub fn bash(command: &str) -> Self {
+        Turn::tool("bash", json!({"command": command, "description": "run it"}))
+    }
+}
+
+/// Token figures the mock sent, summed over every answered turn.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SentUsage {
+    pub input: u64,
+    pub output: u64,
+    pub cache_read: u64,
+    pub cache_write: u64,
+}
+
+#[derive(Default)]
+struct Inner {
+    script: VecDeque<Turn>,
+    requests: Vec<Value>,
+    headers: Vec<HeaderMap>,
+    sent: SentUsage,
+    turns_served: u64,
+}
+
+#[derive(Clone)]
+pub struct MockAnthropic {
+    pub port: u16,
+    inner: Arc<Mutex<Inner>>,
+}
+
+fn sse(events: &[(&str, Value)]) -> String {
+    events.iter().map(|(name, data)| format!("event: {name}\ndata: {data}\n\n")).collect()
+}
+
+async fn messages(State(m): State<MockAnthropic>, headers: HeaderMap, body: Bytes) -> Response {
+    let req: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let model = req.get("model").and_then(Value::as_str).unwrap_or("claude-sonnet-4-5").to_owned();
+    let turn = {
+        let mut s = m.inner.lock().unwrap();
+        s.requests.push(req);
+        s.headers.push(headers);
+        s.script.pop_front().unwrap_or_else(|| Turn::text("(mock: the script is exhausted)"))
+    };
+    if matches!(turn, Turn::Hang) {
+        tokio::time::sleep(std::time::Duration::from_secs(3600)).await;
+    }
+    if let Turn::Error { status, kind, message } = &turn {
+        let body = json!({"type": "error", "error": {"type": kind, "message": message}, "request_id": "req_mock"});
+        let status = StatusCode::from_u16(*status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        return (
+            status,
+            [("content-type", "application/json"), ("request-id", "req_mock")],
+            body.to_string(),
+        )
+            .into_response();
+    }
+    // Usage differs per turn so that a sum is a real check.
+    let n = {
+        let mut s = m.inner.lock().unwrap();
+        s.turns_served += 1;
+        s.turns_served
+    };
+    let (input, output, cache_read, cache_write) = (100 + n, 20 + n, 40 + n, 30 + n);
+    {
+        let mut s = m.inner.lock().unwrap();
+        s.sent.input += input;
+        s.sent.output += output;
+        s.sent.cache_read += cache_read;
+        s.sent.cache_write += cache_write;
+    }
+    let mut events = vec![(
+        "message_start",
+        json!({"type": "message_start", "message": {"id": format!("msg_mock{n}"), "type": "message",
+            "role": "assistant", "model": model, "content": [], "stop_reason": null, "stop_sequence": null,
+            "usage": {"input_tokens": input, "output_tokens": 1, "cache_read_input_tokens": cache_read,
+                      "cache_creation_input_tokens": cache_write}}}),
+    )];
+    let stop_reason = match &turn {
+        Turn::Text(text) => {
+            events.push(("content_block_start", json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})));
+            events.push(("content_block_delta", json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}})));
+            events.push(("content_block_stop", json!({"type": "content_block_stop", "index": 0})));
+            "end_turn"
+        }
+        Turn::Tool { name, input } => {
+            let id = format!("toolu_mock{n}");
+            events.push(("content_block_start", json!({"type": "content_block_start", "index": 0, "content_block": {"type": "tool_use", "id": id, "name": name, "input": {}}})));
+            events.push(("content_block_delta", json!({"type": "content_block_delta", "index": 0, "delta": {"type": "input_json_delta", "partial_json": input.to_string()}})));
+            events.push(("content_block_stop", json!({"type": "content_block_stop", "index": 0})));
+            "tool_use"
+        }
+        Turn::Error { .. } | Turn::Hang => unreachable!(),
+    };
+    events.push(("message_delta", json!({"type": "message_delta", "delta": {"stop_reason": stop_reason, "stop_sequence": null}, "usage": {"output_tokens": output}})));
+    events.push(("message_stop", json!({"type": "message_stop"})));
+    ([("content-type", "text/event-stream"), ("request-id", "req_mock")], sse(&events))
+        .into_response()
+}
+
+impl MockAnthropic {
+    /// Starts the mock on its own thread and runtime, so tests can stay synchronous.
+    pub fn spawn(script: Vec<Turn>) -> MockAnthropic {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let mock = MockAnthropic {
+            port,
+            inner: Arc::new(Mutex::new(Inner { script: script.into(), ..Default::default() })),
+        };
+        // The query string (Claude Code sends ?beta=true) does not affect routing.
+        let app = axum::Router::new()
+            .route("/v1/messages", axum::routing::post(messages))
+            .with_state(mock.clone());
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+                axum::serve(listener, app).await.unwrap();
+            });
+        });
+        mock
+    }
+
+    /// Adds turns to the end of the script.
+    pub fn push(&self, turns: impl IntoIterator<Item = Turn>) {
+        self.inner.lock().unwrap().script.extend(turns);
+    }
+
+    pub fn requests(&self) -> Vec<Value> {
+        self.inner.lock().unwrap().requests.clone()
+    }
+
+    pub fn sent_usage(&self) -> SentUsage {
+        self.inner.lock().unwrap().sent.clone()
+    }
+
+    /// `OPENCODE_CONFIG_CONTENT` pointing OpenCode's anthropic provider here (`baseURL` with /v1).
+    pub fn opencode_config(&self) -> String {
+        json!({
+            "provider": {"anthropic": {"options": {"baseURL": format!("http://127.0.0.1:{}/v1", self.port), "apiKey": "test-key"}}},
+            "autoupdate": false,
+            "share": "disabled",
+        })
+        .to_string()
+    }
+}

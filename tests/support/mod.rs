@@ -1,0 +1,231 @@
+//! Shared set-up for the end-to-end tests: a temporary home, a real git repository, the real
+//! OpenCode CLI pointed at the loopback mock, and helpers to run the real binary.
+#![allow(dead_code, clippy::unwrap_used)]
+
+pub mod mock_anthropic;
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub const MODEL: &str = "anthropic/claude-sonnet-4-5";
+
+pub fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_taskbridge"))
+}
+
+/// The pinned OpenCode CLI that `.ci/run` installs, or `TASKBRIDGE_TEST_OPENCODE`.
+pub fn opencode() -> PathBuf {
+    if let Some(p) = std::env::var_os("TASKBRIDGE_TEST_OPENCODE") {
+        return PathBuf::from(p);
+    }
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join(".tools/node_modules/opencode-ai/bin/opencode.exe");
+    assert!(
+        p.exists(),
+        "the OpenCode CLI is not installed at {}: run `npm install --prefix .tools opencode-ai@1.18.33` \
+         (what .ci/run does) or set TASKBRIDGE_TEST_OPENCODE",
+        p.display()
+    );
+    p
+}
+
+pub fn git(dir: &Path, args: &[&str]) {
+    let out = Command::new("git").args(args).current_dir(dir).envs(git_env()).output().unwrap();
+    assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+pub fn git_out(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git").args(args).current_dir(dir).envs(git_env()).output().unwrap();
+    assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+fn git_env() -> Vec<(&'static str, &'static str)> {
+    vec![
+        ("GIT_CONFIG_GLOBAL", "/dev/null"),
+        ("GIT_CONFIG_NOSYSTEM", "1"),
+        ("GIT_AUTHOR_NAME", "Test"),
+        ("GIT_AUTHOR_EMAIL", "test@example.invalid"),
+        ("GIT_COMMITTER_NAME", "Test"),
+        ("GIT_COMMITTER_EMAIL", "test@example.invalid"),
+    ]
+}
+
+/// A temporary world: home, repository, and an isolated HOME for OpenCode.
+pub struct Env {
+    pub dir: tempfile::TempDir,
+    pub home: PathBuf,
+    pub repo: PathBuf,
+    pub oc_home: PathBuf,
+    pub opencode_config: Option<String>,
+}
+
+impl Env {
+    pub fn new() -> Env {
+        let dir = tempfile::tempdir().unwrap();
+        let home = dir.path().join("tbhome");
+        let repo = dir.path().join("repo");
+        let oc_home = dir.path().join("ochome");
+        std::fs::create_dir_all(&repo).unwrap();
+        std::fs::create_dir_all(&oc_home).unwrap();
+        git(&repo, &["init", "-q", "-b", "main"]);
+        std::fs::write(repo.join("README.md"), "# Demo\n\nHello from the demo.\n").unwrap();
+        std::fs::write(repo.join("test.sh"), "#!/bin/sh\ngrep -q greeting hello.txt && echo ok\n")
+            .unwrap();
+        git(&repo, &["add", "."]);
+        git(&repo, &["commit", "-qm", "initial"]);
+        let repo = repo.canonicalize().unwrap();
+        Env { dir, home, repo, oc_home, opencode_config: None }
+    }
+
+    pub fn with_mock(mut self, mock: &mock_anthropic::MockAnthropic) -> Env {
+        self.opencode_config = Some(mock.opencode_config());
+        self
+    }
+
+    /// `taskbridge` with this world's environment.
+    pub fn cmd(&self) -> Command {
+        let mut c = Command::new(bin());
+        self.apply_env(&mut c);
+        c.current_dir(&self.repo);
+        c
+    }
+
+    /// Starts `taskbridge worker`; it is killed when the guard drops.
+    pub fn start_worker(&self, concurrency: usize) -> Child {
+        let child = self
+            .cmd()
+            .args(["worker", "--concurrency", &concurrency.to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        Child(child)
+    }
+
+    fn apply_env(&self, c: &mut Command) {
+        let oc = &self.oc_home;
+        c.env("TASKBRIDGE_HOME", &self.home)
+            .env("TASKBRIDGE_MODEL", MODEL)
+            .env("TASKBRIDGE_RETRY_BASE_MS", "50")
+            .env("TASKBRIDGE_LOG", "debug")
+            .env("HOME", oc)
+            .env("XDG_CONFIG_HOME", oc.join(".config"))
+            .env("XDG_DATA_HOME", oc.join(".local/share"))
+            .env("XDG_CACHE_HOME", oc.join(".cache"))
+            .env("XDG_STATE_HOME", oc.join(".local/state"))
+            .env("OPENCODE_DISABLE_MODELS_FETCH", "1")
+            .env("OPENCODE_DISABLE_AUTOUPDATE", "1")
+            .env("OPENCODE_DISABLE_LSP_DOWNLOAD", "1")
+            // OpenCode installs a plugin package in the background on first run; point npm at a
+            // closed loopback port so nothing leaves the machine.
+            .env("NPM_CONFIG_REGISTRY", "http://127.0.0.1:9/")
+            .env("npm_config_registry", "http://127.0.0.1:9/")
+            .envs(git_env())
+            .env_remove("TASKBRIDGE_TOKEN")
+            .env_remove("ANTHROPIC_API_KEY");
+        if let Some(cfg) = &self.opencode_config {
+            c.env("TASKBRIDGE_OPENCODE", opencode()).env("OPENCODE_CONFIG_CONTENT", cfg);
+        }
+    }
+
+    pub fn run(&self, args: &[&str]) -> Output {
+        self.cmd().args(args).output().unwrap()
+    }
+
+    /// Runs and expects success; returns stdout.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert!(
+            out.status.success(),
+            "taskbridge {args:?} failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    pub fn submit(&self, args: &[&str]) -> i64 {
+        let mut all = vec!["submit"];
+        all.extend_from_slice(args);
+        self.ok(&all).trim().parse().unwrap()
+    }
+
+    pub fn show(&self, id: i64) -> Value {
+        serde_json::from_str(&self.ok(&["show", &id.to_string(), "--json"])).unwrap()
+    }
+
+    /// Polls `show` until `pred` holds; panics with the last state after `timeout`.
+    pub fn wait_task(&self, id: i64, timeout: Duration, pred: impl Fn(&Value) -> bool) -> Value {
+        let start = Instant::now();
+        loop {
+            let t = self.show(id);
+            if pred(&t) {
+                return t;
+            }
+            if start.elapsed() > timeout {
+                let log = std::fs::read_to_string(self.home.join(format!("logs/{id}.log")))
+                    .unwrap_or_default();
+                panic!(
+                    "task {id} did not reach the expected state in {timeout:?}: {t:#}\nlog:\n{log}"
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn wait_status(&self, id: i64, status: &str, timeout: Duration) -> Value {
+        self.wait_task(id, timeout, |t| t["status"] == status)
+    }
+
+    pub fn worktree(&self, id: i64) -> PathBuf {
+        self.home.join(format!("worktrees/task-{id}"))
+    }
+
+    pub fn log(&self, id: i64) -> String {
+        std::fs::read_to_string(self.home.join(format!("logs/{id}.log"))).unwrap_or_default()
+    }
+}
+
+/// Polls `cond` every 50 ms until it holds or `timeout` passes.
+pub fn eventually(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    cond()
+}
+
+pub fn group_alive(pgid: i32) -> bool {
+    nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), None).is_ok()
+}
+
+/// A child process that is killed (SIGKILL) when dropped, so a failing test leaves nothing behind.
+pub struct Child(pub std::process::Child);
+
+impl Child {
+    pub fn pid(&self) -> u32 {
+        self.0.id()
+    }
+    /// SIGTERM, then wait for a clean exit.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.0.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        self.0.wait().unwrap()
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

@@ -1,0 +1,280 @@
+//! End to end: the real binary runs the real OpenCode CLI against the loopback mock of the
+//! Anthropic Messages API, in real git worktrees.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use serde_json::{Value, json};
+use std::time::Duration;
+use support::mock_anthropic::{MockAnthropic, Turn};
+use support::*;
+
+const RUN: Duration = Duration::from_secs(120);
+
+fn result_block(summary: &str, tests: &[&str]) -> String {
+    format!(
+        "All done.\n\n```taskbridge-result\n{}\n```",
+        json!({"summary": summary, "tests_run": tests, "open_questions": ["Should hello.txt be localised?"]})
+    )
+}
+
+#[test]
+fn a_task_that_edits_files_and_runs_a_test_ends_done_with_a_commit_and_a_verified_result() {
+    let env = Env::new();
+    let wt = env.worktree(1);
+    let mock = MockAnthropic::spawn(vec![
+        Turn::tool("write", json!({"filePath": wt.join("hello.txt"), "content": "a greeting\n"})),
+        Turn::tool(
+            "edit",
+            json!({"filePath": wt.join("README.md"), "oldString": "Hello from the demo.", "newString": "Hello from TaskBridge."}),
+        ),
+        Turn::bash("sh test.sh"),
+        Turn::text(result_block(
+            "Added hello.txt and updated the README.",
+            &["sh test.sh", "cargo test"],
+        )),
+    ]);
+    let env = env.with_mock(&mock);
+    let id = env.submit(&["Add a greeting file and update the README", "--title", "greeting"]);
+    let _worker = env.start_worker(1);
+    let task =
+        env.wait_task(id, RUN, |t| ["done", "failed"].contains(&t["status"].as_str().unwrap()));
+    assert_eq!(task["status"], "done", "{task:#}\nlog:\n{}", env.log(id));
+
+    let r = &task["result"];
+    assert_eq!(r["summary"], "Added hello.txt and updated the README.");
+    assert_eq!(r["open_questions"], json!(["Should hello.txt be localised?"]));
+    let mut files: Vec<(String, String)> = r["files_touched"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| (f["path"].as_str().unwrap().to_owned(), f["status"].as_str().unwrap().to_owned()))
+        .collect();
+    files.sort();
+    assert_eq!(
+        files,
+        vec![("README.md".into(), "modified".into()), ("hello.txt".into(), "added".into())]
+    );
+    assert_eq!(
+        r["tests_run"],
+        json!([
+            {"command": "sh test.sh", "exit_code": 0, "observed": true},
+            {"command": "cargo test", "exit_code": null, "observed": false},
+        ])
+    );
+    assert!(r["diff"].as_str().unwrap().contains("+Hello from TaskBridge."), "{}", r["diff"]);
+    assert_eq!(r["diffstat"]["files"], 2);
+
+    // Usage is the sum of what the mock sent over the four turns.
+    let sent = mock.sent_usage();
+    let u = &r["usage"];
+    let total_in = u["input_tokens"].as_u64().unwrap()
+        + u["cache_read_tokens"].as_u64().unwrap()
+        + u["cache_write_tokens"].as_u64().unwrap();
+    assert_eq!(total_in, sent.input + sent.cache_read + sent.cache_write, "{u:#} vs {sent:?}");
+    assert_eq!(u["cache_read_tokens"].as_u64().unwrap(), sent.cache_read);
+    assert_eq!(u["cache_write_tokens"].as_u64().unwrap(), sent.cache_write);
+    assert_eq!(
+        u["output_tokens"].as_u64().unwrap() + u["reasoning_tokens"].as_u64().unwrap(),
+        sent.output
+    );
+    assert_eq!(u["steps"], 4);
+    assert!(u["cost_usd"].as_f64().unwrap() > 0.0);
+
+    // The work is a commit on the task's branch; main and the main checkout are untouched.
+    let commit = r["commit"].as_str().unwrap();
+    assert_eq!(git_out(&env.repo, &["rev-parse", "taskbridge/task-1"]), commit);
+    assert_eq!(git_out(&env.repo, &["show", "taskbridge/task-1:hello.txt"]), "a greeting");
+    assert!(
+        !env.repo.join("hello.txt").exists(),
+        "the agent worked in the worktree, not the checkout"
+    );
+    assert_eq!(git_out(&env.repo, &["rev-list", "--count", "main"]), "1");
+    assert!(!wt.exists(), "the worktree is removed after success");
+    assert_eq!(task["branch"], "taskbridge/task-1");
+
+    // The readable log tells the story as it happened; the raw events sit beside it.
+    let log = env.log(id);
+    assert!(log.contains("tool bash: sh test.sh (exit 0)"), "{log}");
+    assert!(log.contains("step finished (stop)"), "{log}");
+    let raw = std::fs::read_to_string(env.home.join("logs/1.events.jsonl")).unwrap();
+    assert_eq!(raw.lines().filter(|l| l.contains("\"step_finish\"")).count(), 4);
+}
+
+fn question(text: &str) -> String {
+    format!("I need a decision before I go on.\n\n```taskbridge-question\n{text}\n```")
+}
+
+#[test]
+fn a_question_waits_and_the_answer_resumes_the_same_session() {
+    let env = Env::new();
+    let mock = MockAnthropic::spawn(vec![
+        Turn::text(question("Which colour should the banner be: red or blue?")),
+        Turn::text(question("Bold or plain?")),
+        Turn::text(result_block("Made the banner blue and bold.", &[])),
+    ]);
+    let env = env.with_mock(&mock);
+    let id = env.submit(&["Add a banner"]);
+    let _worker = env.start_worker(1);
+    let t = env.wait_status(id, "waiting", RUN);
+    assert_eq!(t["question"], "Which colour should the banner be: red or blue?");
+    let session = t["session_id"].as_str().unwrap().to_owned();
+    assert!(session.starts_with("ses_"));
+
+    env.ok(&["answer", &id.to_string(), "Blue, please."]);
+    let t =
+        env.wait_task(id, RUN, |t| t["status"] == "waiting" && t["question"] == "Bold or plain?");
+    assert_eq!(t["session_id"], session, "the same session resumed");
+    env.ok(&["note", &id.to_string(), "Keep it accessible."]);
+    env.ok(&["answer", &id.to_string(), "Bold."]);
+    let t = env.wait_status(id, "done", RUN);
+    assert_eq!(t["result"]["summary"], "Made the banner blue and bold.");
+    assert_eq!(t["attempts"], 1, "answering does not use attempts");
+    assert_eq!(t["questions"].as_array().unwrap().len(), 2);
+
+    // The resumed requests carried the earlier conversation and the answer.
+    let reqs = mock.requests();
+    assert_eq!(reqs.len(), 3);
+    let convo = |r: &Value| r["messages"].to_string();
+    let second = convo(&reqs[1]);
+    assert!(second.contains("red or blue?"), "the earlier question is in context: {second}");
+    assert!(second.contains("Blue, please."), "the answer is in context");
+    assert!(second.contains("Add a banner"), "the original task is in context");
+    let third = convo(&reqs[2]);
+    assert!(third.contains("Blue, please.") && third.contains("Bold."));
+    assert!(third.contains("Keep it accessible."), "a note rides along with the answer");
+    // Usage accumulates over the three runs.
+    let sent = mock.sent_usage();
+    assert_eq!(t["result"]["usage"]["cache_read_tokens"].as_u64().unwrap(), sent.cache_read);
+}
+
+#[test]
+fn an_api_401_fails_after_its_retries_with_the_error_message() {
+    let env = Env::new();
+    let err = || Turn::Error {
+        status: 401,
+        kind: "authentication_error".into(),
+        message: "invalid x-api-key".into(),
+    };
+    let mock = MockAnthropic::spawn(vec![err(), err(), err(), err(), err(), err()]);
+    let env = env.with_mock(&mock);
+    let id = env.submit(&["Anything", "--max-attempts", "2"]);
+    let _worker = env.start_worker(1);
+    let t = env.wait_task(id, RUN, |t| t["status"] == "failed");
+    let error = t["error"].as_str().unwrap();
+    assert!(error.contains("invalid x-api-key"), "{error}");
+    assert!(error.contains("401"), "{error}");
+    assert_eq!(t["attempts"], 2);
+    assert!(env.worktree(id).exists(), "a failed task's worktree stays for inspection");
+    let log = env.log(id);
+    assert!(log.contains("attempt 1 of 2") && log.contains("attempt 2 of 2"), "{log}");
+}
+
+#[test]
+fn readonly_denies_edits_and_reverts_what_the_shell_changed() {
+    let env = Env::new();
+    let wt = env.worktree(1);
+    let mock = MockAnthropic::spawn(vec![
+        Turn::tool("write", json!({"filePath": wt.join("blocked.txt"), "content": "no\n"})),
+        Turn::bash("echo sneaky > notes.txt && echo changed >> README.md"),
+        Turn::text(result_block("Reviewed the README.", &[])),
+    ]);
+    let env = env.with_mock(&mock);
+    let id = env.submit(&["Review the README", "--readonly"]);
+    let _worker = env.start_worker(1);
+    let t = env.wait_task(id, RUN, |t| ["done", "failed"].contains(&t["status"].as_str().unwrap()));
+    assert_eq!(t["status"], "done", "{t:#}\n{}", env.log(id));
+    let r = &t["result"];
+    let mut reverted: Vec<String> = serde_json::from_value(r["reverted_files"].clone()).unwrap();
+    reverted.sort();
+    assert_eq!(reverted, vec!["README.md", "notes.txt"]);
+    assert_eq!(r["files_touched"], json!([]));
+    assert_eq!(r["commit"], Value::Null);
+    let readonly =
+        r["permissions"].as_array().unwrap().iter().find(|p| p["flag"] == "readonly").unwrap();
+    assert_eq!(
+        (readonly["enabled"].as_bool(), readonly["enforcement"].as_str()),
+        (Some(true), Some("enforced"))
+    );
+    // OpenCode refused the write tool itself: no write call completed.
+    let raw = std::fs::read_to_string(env.home.join("logs/1.events.jsonl")).unwrap();
+    let writes: Vec<Value> = raw
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|e| e["type"] == "tool_use" && e["part"]["tool"] == "write")
+        .collect();
+    assert!(writes.iter().all(|w| w["part"]["state"]["status"] != "completed"), "{writes:#?}");
+}
+
+/// The agent's bash command records its process group, then sleeps.
+fn sleeper(marker: &str) -> Turn {
+    Turn::bash(&format!("ps -o pgid= $$ | tr -d ' ' > {marker}; sleep 300"))
+}
+
+fn read_pgid(path: &std::path::Path) -> i32 {
+    assert!(
+        eventually(Duration::from_secs(90), || std::fs::read_to_string(path)
+            .is_ok_and(|s| !s.trim().is_empty())),
+        "the agent never started its command"
+    );
+    std::fs::read_to_string(path).unwrap().trim().parse().unwrap()
+}
+
+#[test]
+fn cancelling_a_running_task_kills_its_whole_process_group() {
+    let env = Env::new();
+    let mock = MockAnthropic::spawn(vec![sleeper("pgid.txt")]);
+    let env = env.with_mock(&mock);
+    let id = env.submit(&["Do something slow"]);
+    let _worker = env.start_worker(1);
+    let pgid = read_pgid(&env.worktree(id).join("pgid.txt"));
+    assert!(group_alive(pgid));
+    let out = env.ok(&["cancel", &id.to_string()]);
+    assert!(out.contains("cancel requested"), "{out}");
+    let t = env.wait_status(id, "cancelled", Duration::from_secs(10));
+    assert!(
+        eventually(Duration::from_secs(5), || !group_alive(pgid)),
+        "no process of the group survives 5 s"
+    );
+    assert!(env.worktree(id).exists(), "the worktree is kept");
+    assert_eq!(t["cancel_requested"], false);
+}
+
+#[test]
+fn a_task_times_out_like_a_cancel_and_fails() {
+    let env = Env::new();
+    let mock = MockAnthropic::spawn(vec![sleeper("pgid.txt")]);
+    let env = env.with_mock(&mock);
+    let id = env.submit(&["Slow", "--timeout", "25", "--max-attempts", "1"]);
+    let _worker = env.start_worker(1);
+    let pgid = read_pgid(&env.worktree(id).join("pgid.txt"));
+    let t = env.wait_status(id, "failed", Duration::from_secs(60));
+    assert!(t["error"].as_str().unwrap().contains("timed out after 25 s"), "{t:#}");
+    assert!(eventually(Duration::from_secs(5), || !group_alive(pgid)));
+}
+
+#[test]
+fn kill_9_of_the_worker_mid_run_is_recovered_on_restart() {
+    let env = Env::new();
+    let mock = MockAnthropic::spawn(vec![
+        sleeper("pgid.txt"),
+        Turn::text(result_block("Finished on the second run.", &[])),
+    ]);
+    let env = env.with_mock(&mock);
+    let id = env.submit(&["Survive a crash"]);
+    let mut worker = env.start_worker(1);
+    let pgid = read_pgid(&env.worktree(id).join("pgid.txt"));
+    worker.0.kill().unwrap(); // SIGKILL
+    worker.0.wait().unwrap();
+    assert!(group_alive(pgid), "the agent outlived its worker: an orphan");
+    assert_eq!(env.show(id)["status"], "running");
+
+    let _worker = env.start_worker(1);
+    assert!(
+        eventually(Duration::from_secs(10), || !group_alive(pgid)),
+        "the orphan was killed on restart"
+    );
+    let t = env.wait_status(id, "done", RUN);
+    assert_eq!(t["result"]["summary"], "Finished on the second run.");
+    assert_eq!(t["attempts"], 2, "the interrupted attempt counts");
+}
