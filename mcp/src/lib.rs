@@ -9,6 +9,7 @@
 
 pub mod error;
 pub mod http;
+pub mod params;
 pub mod server;
 pub mod tools;
 

@@ -1,9 +1,9 @@
 //! The TaskBridge tools. Each is one queue or worker operation with the same name as its CLI verb
 //! and TUI action; arguments are described in the input schema by their doc comments.
 
+use crate::params::Parameters;
 use crate::server::{TaskBridge, ToolResult, ok, refuse};
 use queue::{DepRef, ListFilter, StatusFilter, TaskId, TaskStatus};
-use rmcp::handler::server::wrapper::Parameters;
 use rmcp::schemars::{self, JsonSchema};
 use rmcp::{tool, tool_router};
 use serde::Deserialize;
@@ -131,6 +131,7 @@ pub struct TaskIdArgs {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct GetResultArgs {
+    /// The task's id (an integer, as submit_task returned it).
     pub task_id: i64,
     /// Cut the diff at this many bytes (default 65536); `diff_truncated` says when it was cut.
     #[serde(default)]
@@ -140,6 +141,7 @@ pub struct GetResultArgs {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct GetLogsArgs {
+    /// The task's id (an integer, as submit_task returned it).
     pub task_id: i64,
     /// Byte offset to read from; omit to get the tail. Pass `next_offset` back to follow.
     #[serde(default)]
@@ -172,6 +174,7 @@ pub struct WaitForArgs {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AnswerArgs {
+    /// The task's id (an integer, as submit_task returned it).
     pub task_id: i64,
     /// The decision the agent asked for.
     pub answer: String,
@@ -196,6 +199,7 @@ pub struct ListArgs {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NoteArgs {
+    /// The task's id (an integer, as submit_task returned it).
     pub task_id: i64,
     /// Extra guidance for the agent.
     pub note: String,
@@ -204,6 +208,7 @@ pub struct NoteArgs {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PriorityArgs {
+    /// The task's id (an integer, as submit_task returned it).
     pub task_id: i64,
     /// -100..=100, higher runs first.
     pub priority: i64,

@@ -6,8 +6,10 @@ use crate::git::{DiffStat, FileTouched};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// Stored with the task (as JSON in the queue) and returned by `get_task_result`.
+/// Stored with the task (as JSON in the queue) and returned by `get_task_result`. Every field has
+/// a default so results written by older builds (or partial ones) still read.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct TaskResult {
     pub summary: String,
     pub files_touched: Vec<FileTouched>,

@@ -1,0 +1,336 @@
+//! The TaskBridge tools through rmcp's own client, in process over a duplex pipe, on a real
+//! SQLite file and a real git repository. The worker's side of the queue is played through the
+//! queue's public API where a test needs a task to finish or ask.
+#![allow(clippy::unwrap_used)]
+
+use queue::{Home, Outcome, Store, TaskId};
+use rmcp::model::{CallToolRequestParams, CallToolResult};
+use rmcp::service::{RoleClient, RunningService};
+use rmcp::{ServiceError, ServiceExt};
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use taskbridge_mcp::TaskBridge;
+
+struct World {
+    _dir: tempfile::TempDir,
+    repo: PathBuf,
+    home: Home,
+    store: Arc<Store>,
+    client: RunningService<RoleClient, ()>,
+}
+
+fn git(dir: &Path, args: &[&str]) {
+    let ok = std::process::Command::new("git")
+        .args(args)
+        .current_dir(dir)
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_AUTHOR_NAME", "t")
+        .env("GIT_AUTHOR_EMAIL", "t@t")
+        .env("GIT_COMMITTER_NAME", "t")
+        .env("GIT_COMMITTER_EMAIL", "t@t")
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok);
+}
+
+async fn world() -> World {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = dir.path().join("repo");
+    std::fs::create_dir(&repo).unwrap();
+    git(&repo, &["init", "-q", "-b", "main"]);
+    std::fs::write(repo.join("a.txt"), "a\n").unwrap();
+    git(&repo, &["add", "."]);
+    git(&repo, &["commit", "-qm", "init"]);
+    let home = Home::resolve(Some(dir.path().join("home"))).unwrap();
+    home.ensure().unwrap();
+    let store = Arc::new(Store::open(home.db_path()).unwrap());
+    let server = TaskBridge::new(store.clone(), home.clone(), repo.clone(), None);
+    let (server_io, client_io) = tokio::io::duplex(1 << 20);
+    tokio::spawn(async move {
+        let running = server.serve(server_io).await.unwrap();
+        let _ = running.waiting().await;
+    });
+    let client = ().serve(client_io).await.unwrap();
+    World { repo: repo.canonicalize().unwrap(), _dir: dir, home, store, client }
+}
+
+impl World {
+    async fn raw(&self, tool: &str, args: Value) -> Result<CallToolResult, ServiceError> {
+        let args = args.as_object().cloned().unwrap_or_default();
+        self.client
+            .call_tool(CallToolRequestParams::new(tool.to_owned()).with_arguments(args))
+            .await
+    }
+
+    /// A successful call's structured content; the text content carries the same JSON.
+    async fn call(&self, tool: &str, args: Value) -> Value {
+        let r = self.raw(tool, args).await.unwrap();
+        assert_ne!(r.is_error, Some(true), "{tool} failed: {r:?}");
+        let structured = r.structured_content.clone().unwrap();
+        let text = r.content[0].as_text().unwrap().text.clone();
+        assert_eq!(serde_json::from_str::<Value>(&text).unwrap(), structured);
+        structured
+    }
+
+    /// A refused call: a tool error whose text names the problem.
+    async fn refused(&self, tool: &str, args: Value) -> String {
+        let r = self.raw(tool, args).await.unwrap();
+        assert_eq!(r.is_error, Some(true), "{tool} should have been refused: {r:?}");
+        r.content[0].as_text().unwrap().text.clone()
+    }
+
+    fn task_count(&self) -> usize {
+        self.store.list(&queue::ListFilter::default()).unwrap().len()
+    }
+}
+
+#[tokio::test]
+async fn the_tool_list_matches_the_snapshot() {
+    let w = world().await;
+    let tools = w.client.list_all_tools().await.unwrap();
+    let got: Vec<Value> =
+        tools.iter().map(|t| json!({"name": t.name, "input_schema": t.input_schema})).collect();
+    let got = serde_json::to_string_pretty(&got).unwrap() + "\n";
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/snapshots/tools.json");
+    if std::env::var_os("UPDATE_SNAPSHOTS").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, &got).unwrap();
+    }
+    let want = std::fs::read_to_string(&path).unwrap_or_default();
+    assert_eq!(got, want, "tool list changed; rerun with UPDATE_SNAPSHOTS=1 and review the diff");
+    let names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
+    for expected in [
+        "submit_task",
+        "submit_batch",
+        "get_task",
+        "get_task_result",
+        "get_task_logs",
+        "wait_for",
+        "answer_task",
+        "list_tasks",
+        "queue_status",
+        "worker_heartbeat",
+        "restart_worker",
+        "add_task_note",
+        "cancel_task",
+        "retry_task",
+        "clear_finished",
+        "list_models",
+        "set_default_model",
+        "ping",
+    ] {
+        assert!(names.contains(&expected), "missing tool {expected}");
+    }
+    let info = w.client.peer_info().unwrap();
+    assert_eq!(info.server_info.as_ref().unwrap().name, "taskbridge");
+    assert!(info.instructions.as_deref().unwrap().contains("wait_for"));
+}
+
+#[tokio::test]
+async fn submit_then_read_the_task_back() {
+    let w = world().await;
+    let t = w
+        .call(
+            "submit_task",
+            json!({"prompt": "Add docs", "priority": 7, "readonly": true, "request_id": "k1"}),
+        )
+        .await;
+    assert_eq!(t["task_id"], 1);
+    assert_eq!(t["status"], "queued");
+    assert_eq!(t["repo"], w.repo.display().to_string());
+    assert_eq!(t["created"], true);
+    let again = w.call("submit_task", json!({"prompt": "Other", "request_id": "k1"})).await;
+    assert_eq!((again["task_id"].as_i64(), again["created"].as_bool()), (Some(1), Some(false)));
+    let got = w.call("get_task", json!({"task_id": 1})).await;
+    assert_eq!(got["priority"], 7);
+    assert_eq!(got["readonly"], true);
+    let list = w.call("list_tasks", json!({"status": "queued"})).await;
+    assert_eq!(list["tasks"].as_array().unwrap().len(), 1);
+    let st = w.call("queue_status", json!({})).await;
+    assert_eq!(st["counts"]["queued"], 1);
+    let ping = w.call("ping", json!({})).await;
+    assert_eq!(ping["version"], env!("CARGO_PKG_VERSION"));
+}
+
+#[tokio::test]
+async fn a_batch_links_its_items_and_is_all_or_nothing() {
+    let w = world().await;
+    let out = w
+        .call(
+            "submit_batch",
+            json!({"tasks": [{"prompt": "first"}, {"prompt": "second", "depends_on": ["#0"]}, {"prompt": "third", "depends_on": ["#1", "#0"]}]}),
+        )
+        .await;
+    let tasks = out["tasks"].as_array().unwrap();
+    assert_eq!(tasks[1]["depends_on"], json!([1]));
+    assert_eq!(tasks[2]["status"], "queued");
+    assert_eq!(tasks[2]["display_status"], "blocked");
+    let before = w.task_count();
+    let msg = w
+        .refused("submit_batch", json!({"tasks": [{"prompt": "a", "depends_on": ["#1"]}, {"prompt": "b", "depends_on": ["#0"]}]}))
+        .await;
+    assert!(msg.contains("dependency cycle"), "{msg}");
+    let msg =
+        w.refused("submit_batch", json!({"tasks": [{"prompt": "ok"}, {"prompt": " "}]})).await;
+    assert!(msg.contains("task #1 of the batch") && msg.contains("prompt"), "{msg}");
+    assert_eq!(w.task_count(), before, "a refused batch writes nothing");
+}
+
+#[tokio::test]
+async fn every_bad_call_is_refused_by_name_and_the_server_keeps_serving() {
+    let w = world().await;
+    w.call("submit_task", json!({"prompt": "x"})).await;
+    let before = w.task_count();
+    let cases = [
+        ("get_task", json!({"task_id": 99}), "task #99 does not exist"),
+        (
+            "answer_task",
+            json!({"task_id": 1, "answer": "yes"}),
+            "task #1 is queued; answer needs a task that is waiting",
+        ),
+        ("cancel_task", json!({"task_id": 42}), "does not exist"),
+        (
+            "submit_batch",
+            json!({"tasks": (0..21).map(|i| json!({"prompt": format!("t{i}")})).collect::<Vec<_>>()}),
+            "a batch holds 1 to 20 tasks; this one has 21",
+        ),
+        ("submit_batch", json!({"tasks": []}), "a batch holds 1 to 20"),
+        (
+            "wait_for",
+            json!({"task_ids": [1], "timeout_s": 500}),
+            "invalid timeout_s: 500 is out of range",
+        ),
+        ("get_task_logs", json!({"task_id": 1, "max_bytes": 262145}), "invalid max_bytes"),
+        (
+            "submit_task",
+            json!({"prompt": "x", "priority": 101}),
+            "invalid priority: 101 is out of range",
+        ),
+        ("submit_task", json!({"prompt": "x", "repo": "/"}), "is not inside a git repository"),
+        ("submit_task", json!({"prompt": "x", "ref": "nope"}), "unknown ref 'nope'"),
+        ("submit_task", json!({"prompt": "x", "depends_on": [77]}), "task 77 does not exist"),
+        ("submit_task", json!({"prompt": 5}), "prompt"),
+        ("submit_task", json!({}), "missing field `prompt`"),
+        ("submit_task", json!({"prompt": "x", "bogus": 1}), "unknown field `bogus`"),
+        ("get_task", json!({"task_id": "one"}), "task_id"),
+        ("list_tasks", json!({"status": "sleeping"}), "unknown status 'sleeping'"),
+        ("clear_finished", json!({"statuses": ["queued"]}), "only done, failed and cancelled"),
+    ];
+    for (tool, args, expected) in cases {
+        let msg = match w.raw(tool, args.clone()).await {
+            Ok(r) => {
+                assert_eq!(r.is_error, Some(true), "{tool} {args} should fail: {r:?}");
+                r.content[0].as_text().unwrap().text.clone()
+            }
+            Err(e) => e.to_string(),
+        };
+        assert!(msg.contains(expected), "{tool} {args}: expected '{expected}' in '{msg}'");
+        // The next call works.
+        w.call("ping", json!({})).await;
+    }
+    assert_eq!(w.task_count(), before, "refused calls write nothing");
+    let e = w.raw("no_such_tool", json!({})).await.unwrap_err().to_string();
+    assert!(e.contains("-32602") || e.to_lowercase().contains("tool"), "{e}");
+    w.call("ping", json!({})).await;
+}
+
+#[tokio::test]
+async fn wait_for_wakes_on_change_and_answer_task_requeues() {
+    let w = world().await;
+    w.call("submit_task", json!({"prompt": "Ask me"})).await;
+    let timed = w.call("wait_for", json!({"task_ids": [1], "timeout_s": 0.2})).await;
+    assert_eq!(timed["timed_out"], true);
+    assert_eq!(timed["pending"], json!([1]));
+
+    // A stand-in worker claims the task and, a moment after wait_for starts, asks a question.
+    let store = w.store.clone();
+    let claim = store.claim_next("w", "h", Duration::from_secs(30)).unwrap().unwrap();
+    let asker = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        store
+            .finish(
+                claim.task.id,
+                claim.token,
+                Outcome::Waiting {
+                    question: "Red or blue?".into(),
+                    session_id: "ses_x".into(),
+                    result: None,
+                },
+            )
+            .unwrap();
+    });
+    let started = Instant::now();
+    let r = w.call("wait_for", json!({"task_ids": [1], "timeout_s": 30})).await;
+    asker.await.unwrap();
+    assert_eq!(r["timed_out"], false);
+    assert_eq!(r["waiting"], json!([1]));
+    assert_eq!(r["tasks"][0]["question"], "Red or blue?");
+    assert!(started.elapsed() < Duration::from_secs(29), "woke on the change, not at the timeout");
+
+    let t = w.call("answer_task", json!({"task_id": 1, "answer": "Blue"})).await;
+    assert_eq!(t["status"], "queued");
+    let claim = w.store.claim_next("w", "h", Duration::from_secs(30)).unwrap().unwrap();
+    assert_eq!(claim.resume.unwrap().answer, "Blue");
+
+    // A finished task's result, with the diff cut where asked.
+    let diff = "+".repeat(500);
+    let result = json!({"summary": "did it", "diff": diff, "files_touched": [{"path": "a.txt", "status": "modified"}]});
+    w.store.finish(TaskId(1), claim.token, Outcome::Done { result }).unwrap();
+    let r = w.call("get_task_result", json!({"task_id": 1, "max_diff_bytes": 100})).await;
+    assert_eq!(r["summary"], "did it");
+    assert_eq!(r["diff"].as_str().unwrap().len(), 100);
+    assert_eq!(r["diff_truncated"], true);
+    let all = w.call("wait_for", json!({"task_ids": [1], "mode": "all"})).await;
+    assert_eq!(all["done"], json!([1]));
+}
+
+#[tokio::test]
+async fn logs_are_paged_by_offset() {
+    let w = world().await;
+    w.call("submit_task", json!({"prompt": "x"})).await;
+    let text: String = (0..200).map(|i| format!("line {i}\n")).collect();
+    std::fs::write(w.home.logs_dir().join("1.log"), &text).unwrap();
+    let mut offset = 0u64;
+    let mut got = String::new();
+    loop {
+        let page = w
+            .call("get_task_logs", json!({"task_id": 1, "offset": offset, "max_bytes": 333}))
+            .await;
+        got.push_str(page["text"].as_str().unwrap());
+        assert_eq!(page["size"], text.len());
+        assert_eq!(page["running"], false);
+        offset = page["next_offset"].as_u64().unwrap();
+        if page["eof"] == true {
+            break;
+        }
+    }
+    assert_eq!(got, text);
+    let tail = w.call("get_task_logs", json!({"task_id": 1, "max_bytes": 9})).await;
+    assert_eq!(tail["text"], "line 199\n");
+}
+
+#[tokio::test]
+async fn notes_priority_cancel_retry_and_clear() {
+    let w = world().await;
+    w.call("submit_task", json!({"prompt": "x"})).await;
+    let t = w.call("add_task_note", json!({"task_id": 1, "note": "use tabs"})).await;
+    assert_eq!(t["notes"][0]["note"], "use tabs");
+    let t = w.call("set_task_priority", json!({"task_id": 1, "priority": -5})).await;
+    assert_eq!(t["priority"], -5);
+    let t = w.call("cancel_task", json!({"task_id": 1})).await;
+    assert_eq!(t["status"], "cancelled");
+    let t = w.call("retry_task", json!({"task_id": 1})).await;
+    assert_eq!(t["status"], "queued");
+    w.call("cancel_task", json!({"task_id": 1})).await;
+    std::fs::write(w.home.logs_dir().join("1.log"), "old").unwrap();
+    let c = w.call("clear_finished", json!({"statuses": ["cancelled"]})).await;
+    assert_eq!(c["cleared"], json!([1]));
+    assert!(!w.home.logs_dir().join("1.log").exists());
+    assert_eq!(w.task_count(), 0);
+    let workers = w.call("worker_heartbeat", json!({})).await;
+    assert_eq!(workers["workers"], json!([]));
+}
