@@ -152,10 +152,17 @@ impl IntoResponse for Refusal {
 }
 
 async fn guard(State(g): State<Arc<Guard>>, req: Request, next: Next) -> Response {
-    match g.check(req.headers()) {
-        Ok(()) => next.run(req).await,
-        Err(r) => r.into_response(),
+    if let Err(r) = g.check(req.headers()) {
+        return r.into_response();
     }
+    let is_delete = req.method() == axum::http::Method::DELETE;
+    let mut resp = next.run(req).await;
+    // rmcp answers a session DELETE with 202; clients (the Python SDK among them) expect 200 for
+    // a session that was ended.
+    if is_delete && resp.status() == StatusCode::ACCEPTED {
+        *resp.status_mut() = StatusCode::OK;
+    }
+    resp
 }
 
 /// Serves until `shutdown` is cancelled.

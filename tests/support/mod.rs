@@ -132,6 +132,19 @@ impl Env {
         }
     }
 
+    /// The environment `cmd()` sets, for a process started by another program (e.g. an MCP
+    /// client that launches `taskbridge mcp`). PATH is passed through.
+    pub fn env_vars(&self) -> Vec<(String, String)> {
+        let mut c = Command::new("true");
+        self.apply_env(&mut c);
+        let mut vars: Vec<(String, String)> = c
+            .get_envs()
+            .filter_map(|(k, v)| Some((k.to_str()?.to_owned(), v?.to_str()?.to_owned())))
+            .collect();
+        vars.push(("PATH".into(), std::env::var("PATH").unwrap_or_default()));
+        vars
+    }
+
     pub fn run(&self, args: &[&str]) -> Output {
         self.cmd().args(args).output().unwrap()
     }

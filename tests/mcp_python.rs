@@ -1,0 +1,137 @@
+//! The official Python MCP SDK against the real binary, over stdio and over HTTP, on a real task
+//! run by the real OpenCode CLI (against the loopback mock).
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+use support::mock_anthropic::{MockAnthropic, Turn};
+use support::*;
+
+fn python() -> PathBuf {
+    if let Some(p) = std::env::var_os("TASKBRIDGE_TEST_PYTHON") {
+        return PathBuf::from(p);
+    }
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
+    assert!(
+        p.exists(),
+        "the Python MCP SDK is not installed: run `python3 -m venv .venv && .venv/bin/pip install \
+         mcp==1.30.0` (what .ci/run does) or set TASKBRIDGE_TEST_PYTHON"
+    );
+    p
+}
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/test_mcp.py")
+}
+
+/// The question round trip the Python client drives: ask, then write a file, then report.
+fn banner_mock(env: &Env, task_id: i64) -> MockAnthropic {
+    MockAnthropic::spawn(vec![
+        Turn::text(
+            "I need a decision.\n\n```taskbridge-question\nShould the banner be red or blue?\n```",
+        ),
+        Turn::tool(
+            "write",
+            json!({"filePath": env.worktree(task_id).join("banner.txt"), "content": "blue banner\n"}),
+        ),
+        Turn::text(
+            "Done.\n```taskbridge-result\n{\"summary\": \"Added a blue banner.\", \"tests_run\": []}\n```",
+        ),
+    ])
+}
+
+fn run_python(mode: &str, envs: Vec<(String, String)>) {
+    let out = Command::new(python())
+        .arg(script())
+        .arg(mode)
+        .envs(envs)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "python {mode} failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains(" passed, 0 failed"), "{stdout}");
+}
+
+#[test]
+fn python_sdk_over_stdio_runs_a_task_with_a_question() {
+    let env = Env::new();
+    let mock = banner_mock(&env, 1);
+    let env = env.with_mock(&mock);
+    let server_env: serde_json::Map<String, serde_json::Value> =
+        env.env_vars().into_iter().map(|(k, v)| (k, json!(v))).collect();
+    run_python(
+        "stdio",
+        vec![
+            ("TB_BIN".into(), bin().display().to_string()),
+            ("TB_SERVER_ENV".into(), serde_json::Value::Object(server_env).to_string()),
+            ("TB_REPO".into(), env.repo.display().to_string()),
+            ("TB_LOGS".into(), env.home.join("logs").display().to_string()),
+        ],
+    );
+    // The answer reached the agent in the same session.
+    let reqs = mock.requests();
+    assert!(reqs[1]["messages"].to_string().contains("Blue, please."));
+}
+
+#[test]
+fn python_sdk_over_http_with_token_host_and_origin_checks() {
+    let env = Env::new();
+    let mock = banner_mock(&env, 1);
+    let env = env.with_mock(&mock);
+    let port = free_port();
+    let token = "test-token-0123456789abcdef";
+    let mut server = Child(
+        env.cmd()
+            .args([
+                "serve",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--token",
+                token,
+                "--concurrency",
+                "1",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    assert!(
+        eventually(Duration::from_secs(20), || std::net::TcpStream::connect(("127.0.0.1", port))
+            .is_ok()),
+        "the server never listened"
+    );
+    run_python(
+        "http",
+        vec![
+            ("TB_URL".into(), format!("http://127.0.0.1:{port}/mcp")),
+            ("TB_TOKEN".into(), token.into()),
+            ("TB_REPO".into(), env.repo.display().to_string()),
+            ("TB_LOGS".into(), env.home.join("logs").display().to_string()),
+        ],
+    );
+    server.terminate();
+    // The token never appears in a log.
+    let log = std::fs::read_to_string(env.home.join("logs/taskbridge.log")).unwrap();
+    assert!(!log.contains(token), "the token leaked into the log");
+}
+
+#[test]
+fn a_non_loopback_listener_without_a_token_is_refused_at_start() {
+    let env = Env::new();
+    let out = env.run(&["serve", "--listen", "0.0.0.0:0", "--no-worker"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("refusing to listen on 0.0.0.0:0 without a token"), "{err}");
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
