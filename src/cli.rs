@@ -100,6 +100,9 @@ pub enum Command {
     },
     /// MCP server over Streamable HTTP at /mcp, with an embedded worker.
     Serve(ServeArgs),
+    /// The control center: queue, logs, diffs and questions, with the HTTP MCP server and a
+    /// worker running inside.
+    Tui(TuiArgs),
 }
 
 #[derive(Debug, Args)]
@@ -183,6 +186,26 @@ pub struct ServeArgs {
     /// Answer POSTs with plain JSON instead of an SSE stream (for proxies that buffer SSE).
     #[arg(long)]
     pub json_response: bool,
+    #[command(flatten)]
+    pub worker: EmbeddedWorker,
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct TuiArgs {
+    #[arg(long, default_value = "127.0.0.1:8765")]
+    pub listen: String,
+    /// Do not serve MCP over HTTP from the TUI.
+    #[arg(long)]
+    pub no_http: bool,
+    #[arg(long, conflicts_with = "token_file", env = "TASKBRIDGE_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+    #[arg(long = "allowed-host")]
+    pub allowed_hosts: Vec<String>,
+    /// Keymap file (default: $XDG_CONFIG_HOME/taskbridge/keymap.toml if it exists).
+    #[arg(long)]
+    pub keymap: Option<PathBuf>,
     #[command(flatten)]
     pub worker: EmbeddedWorker,
 }

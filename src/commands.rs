@@ -141,9 +141,11 @@ pub fn run(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode> {
                 }
             }
         }
-        Command::Worker(_) | Command::Mcp { .. } | Command::Serve(_) | Command::Models { .. } => {
-            unreachable_long_running()?
-        }
+        Command::Worker(_)
+        | Command::Mcp { .. }
+        | Command::Serve(_)
+        | Command::Tui(_)
+        | Command::Models { .. } => unreachable_long_running()?,
     }
     Ok(ExitCode::SUCCESS)
 }

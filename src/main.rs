@@ -49,6 +49,7 @@ fn real_main(cli: cli::Cli) -> anyhow::Result<std::process::ExitCode> {
             | cli::Command::Mcp { .. }
             | cli::Command::Serve(_)
             | cli::Command::Models { .. }
+            | cli::Command::Tui(_)
     );
     // The headless worker also logs to stderr; the stdio server must keep stdout clean and logs
     // to its file only (stderr would end up in the client's log, which is fine but noisy).

@@ -97,16 +97,7 @@ pub async fn long_running(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode
             result?;
         }
         Command::Serve(args) => {
-            let token = match (&args.token, &args.token_file) {
-                (Some(t), _) => Some(t.trim().to_owned()),
-                (None, Some(f)) => Some(
-                    std::fs::read_to_string(f)
-                        .with_context(|| format!("reading the token file {}", f.display()))?
-                        .trim()
-                        .to_owned(),
-                ),
-                (None, None) => None,
-            };
+            let token = read_token(&args.token, &args.token_file)?;
             let http = mcp::HttpConfig {
                 listen: args.listen.clone(),
                 token,
@@ -127,6 +118,7 @@ pub async fn long_running(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode
             finish_embedded(embedded).await;
             result?;
         }
+        Command::Tui(args) => tui(ctx, args, shutdown).await?,
         _ => anyhow::bail!("internal: not a long-running command"),
     }
     Ok(ExitCode::SUCCESS)
@@ -151,4 +143,92 @@ async fn finish_embedded(embedded: Option<Embedded>) {
     {
         tracing::error!(error = %e, "embedded worker stopped with an error");
     }
+}
+
+fn read_token(
+    token: &Option<String>,
+    file: &Option<std::path::PathBuf>,
+) -> anyhow::Result<Option<String>> {
+    Ok(match (token, file) {
+        (Some(t), _) => Some(t.trim().to_owned()),
+        (None, Some(f)) => Some(
+            std::fs::read_to_string(f)
+                .with_context(|| format!("reading the token file {}", f.display()))?
+                .trim()
+                .to_owned(),
+        ),
+        (None, None) => None,
+    })
+}
+
+/// The control center: the UI in front, the HTTP MCP server and a worker behind it.
+async fn tui(
+    ctx: Ctx,
+    args: crate::cli::TuiArgs,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    // Everything that can fail on bad input fails here, before the terminal is taken over.
+    let keymap_path = args.keymap.clone().or_else(|| {
+        let dir =
+            std::env::var_os("XDG_CONFIG_HOME").map(std::path::PathBuf::from).or_else(|| {
+                std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".config"))
+            })?;
+        Some(dir.join("taskbridge/keymap.toml")).filter(|p| p.exists())
+    });
+    let user_keymap = match &keymap_path {
+        Some(p) => Some(
+            std::fs::read_to_string(p)
+                .with_context(|| format!("reading the keymap {}", p.display()))?,
+        ),
+        None => None,
+    };
+    let keymap = ui::Keymap::load(user_keymap.as_deref()).map_err(anyhow::Error::msg)?;
+    let token = read_token(&args.token, &args.token_file)?;
+
+    let embedded = embedded(&ctx, &args.worker, shutdown.clone())?;
+    let worker = embedded.as_ref().map(|e| e.0.clone());
+    let mut mcp_label = "off (--no-http)".to_owned();
+    let mut server_task = None;
+    if !args.no_http {
+        let http = mcp::HttpConfig {
+            listen: args.listen.clone(),
+            token: token.clone(),
+            allowed_hosts: args.allowed_hosts.clone(),
+            json_response: false,
+        };
+        match mcp::bind(&http).await {
+            Ok(listener) => {
+                mcp_label = format!("http://{}/mcp", listener.local_addr()?);
+                let server = mcp::TaskBridge::new(
+                    ctx.store.clone(),
+                    ctx.home.clone(),
+                    ctx.cwd.clone(),
+                    worker.clone(),
+                );
+                server_task =
+                    Some(tokio::spawn(mcp::serve_http(server, listener, http, shutdown.clone())));
+            }
+            // A port in use is shown in the header; the TUI still runs.
+            Err(e) => mcp_label = format!("unavailable: {e}"),
+        }
+    }
+    let opts = ui::TuiOptions {
+        store: ctx.store.clone(),
+        home: ctx.home.clone(),
+        cwd: ctx.cwd.clone(),
+        keymap,
+        mcp: mcp_label,
+        token_set: token.is_some(),
+        worker,
+    };
+    let result = ui::run(opts, shutdown.clone()).await;
+    // Running tasks go back to the queue (the worker releases them) before the process exits.
+    shutdown.cancel();
+    if let Some((_, handle, _)) = embedded {
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(10), handle).await;
+    }
+    if let Some(t) = server_task {
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(2), t).await;
+    }
+    result.context("running the terminal UI")
 }

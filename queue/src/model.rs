@@ -342,6 +342,34 @@ pub struct QueueStatus {
     pub default_model: Option<String>,
 }
 
+/// A light projection of a task for long lists (the TUI's queue): no prompt, notes or result.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskRow {
+    pub id: TaskId,
+    pub title: String,
+    pub status: TaskStatus,
+    pub priority: i64,
+    pub repo: String,
+    pub attempts: i64,
+    pub max_attempts: i64,
+    pub created_at: f64,
+    pub started_at: Option<f64>,
+    pub finished_at: Option<f64>,
+    pub question: Option<String>,
+    /// Unfinished dependencies: non-empty on a queued task means it is blocked.
+    pub waiting_on: Vec<TaskId>,
+}
+
+impl TaskRow {
+    pub fn display_status(&self) -> &'static str {
+        if self.status == TaskStatus::Queued && !self.waiting_on.is_empty() {
+            "blocked"
+        } else {
+            self.status.as_str()
+        }
+    }
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct ListFilter {
     pub status: Option<StatusFilter>,

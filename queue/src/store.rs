@@ -459,6 +459,55 @@ impl Store {
         })
     }
 
+    /// Light rows for every task matching `status`, newest first, in one query.
+    pub fn rows(&self, status: Option<StatusFilter>) -> Result<Vec<TaskRow>> {
+        self.read(|conn| {
+            let mut sql = String::from(
+                "SELECT t.id, t.title, t.status, t.priority, t.repo, t.attempts, t.max_attempts,
+                        t.created_at, t.started_at, t.finished_at, t.question,
+                        (SELECT group_concat(d.depends_on) FROM task_deps d JOIN tasks p
+                          ON p.id = d.depends_on WHERE d.task_id = t.id AND p.status != 'done')
+                   FROM tasks t",
+            );
+            let mut args: Vec<String> = Vec::new();
+            match status {
+                Some(StatusFilter::Is(s)) => {
+                    sql.push_str(" WHERE t.status = ?1");
+                    args.push(s.as_str().to_owned());
+                }
+                Some(StatusFilter::Blocked) => sql.push_str(
+                    " WHERE t.status = 'queued' AND EXISTS (SELECT 1 FROM task_deps d JOIN tasks p
+                       ON p.id = d.depends_on WHERE d.task_id = t.id AND p.status != 'done')",
+                ),
+                None => {}
+            }
+            sql.push_str(" ORDER BY t.id DESC");
+            let mut stmt = conn.prepare(&sql)?;
+            let rows = stmt.query_map(rusqlite::params_from_iter(args), |r| {
+                let waiting: Option<String> = r.get(11)?;
+                Ok(TaskRow {
+                    id: TaskId(r.get(0)?),
+                    title: r.get(1)?,
+                    status: status_from_sql(&r.get::<_, String>(2)?)?,
+                    priority: r.get(3)?,
+                    repo: r.get(4)?,
+                    attempts: r.get(5)?,
+                    max_attempts: r.get(6)?,
+                    created_at: r.get(7)?,
+                    started_at: r.get(8)?,
+                    finished_at: r.get(9)?,
+                    question: r.get(10)?,
+                    waiting_on: waiting
+                        .unwrap_or_default()
+                        .split(',')
+                        .filter_map(|s| s.parse().ok().map(TaskId))
+                        .collect(),
+                })
+            })?;
+            Ok(rows.collect::<Result<Vec<_>, _>>()?)
+        })
+    }
+
     pub fn status(&self) -> Result<QueueStatus> {
         let workers = self.workers()?;
         self.read(|conn| {

@@ -1,0 +1,178 @@
+//! Queue benchmarks on a real database file.
+//!
+//!   cargo bench -p taskbridge-queue --bench queue            full run (figures for BENCHMARKS.md)
+//!   cargo test  -p taskbridge-queue --bench queue            small run: a smoke test
+//!
+//! Each benchmark prints one line a script can read: `bench=<name> key=value ...`.
+//! - submit: durable (WAL, synchronous=FULL) submits per second from one process.
+//! - claim4: 4 processes claim-and-finish from one file: claims per second, per-process counts
+//!   (fairness), and the worst wait of a single claim call.
+//! - pickup: a consumer process idles on `ChangeWatcher`; the producer submits one task at a time;
+//!   latency = submit started -> claim returned in the consumer, across processes.
+#![allow(clippy::unwrap_used)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use taskbridge_queue::{ChangeWatcher, Outcome, Store, TaskSpec};
+
+const LEASE: Duration = Duration::from_secs(30);
+
+fn spec(prompt: String) -> TaskSpec {
+    TaskSpec::new(prompt, "/tmp/repo", "0123456789abcdef0123456789abcdef01234567")
+}
+
+fn now_ns() -> u128 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos()
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+fn done() -> Outcome {
+    Outcome::Done { result: serde_json::json!({}) }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    match args.get(1).map(String::as_str) {
+        Some("child-claim") => return child_claim(&args[2]),
+        Some("child-pickup") => return child_pickup(&args[2]),
+        _ => {}
+    }
+    // `cargo bench` passes --bench; `cargo test` does not: then run small.
+    let full = args.iter().any(|a| a == "--bench");
+    let dir = tempfile::tempdir().unwrap();
+    let (submits, claims, pickups) = if full { (2000, 4000, 1000) } else { (100, 200, 50) };
+    bench_submit(&dir.path().join("submit.db"), submits);
+    bench_claim4(&dir.path().join("claim.db"), claims);
+    bench_pickup(&dir.path().join("pickup.db"), pickups);
+}
+
+fn bench_submit(db: &std::path::Path, n: usize) {
+    let store = Store::open(db).unwrap();
+    let start = Instant::now();
+    for i in 0..n {
+        store.submit(spec(format!("task {i}"))).unwrap();
+    }
+    let secs = start.elapsed().as_secs_f64();
+    println!("bench=submit n={n} secs={secs:.3} per_s={:.0}", n as f64 / secs);
+}
+
+fn bench_claim4(db: &std::path::Path, n: usize) {
+    let store = Store::open(db).unwrap();
+    for i in 0..n {
+        store.submit(spec(format!("task {i}"))).unwrap();
+    }
+    drop(store);
+    let exe = std::env::current_exe().unwrap();
+    let start = Instant::now();
+    let kids: Vec<_> = (0..4)
+        .map(|_| {
+            Command::new(&exe)
+                .args(["child-claim", db.to_str().unwrap()])
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut counts = Vec::new();
+    let mut worst_ms: f64 = 0.0;
+    let mut waits: Vec<f64> = Vec::new();
+    for k in kids {
+        let out = k.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mut count = 0;
+        for line in text.lines() {
+            if let Some(ms) = line.strip_prefix("wait_ms=") {
+                let ms: f64 = ms.parse().unwrap();
+                worst_ms = worst_ms.max(ms);
+                waits.push(ms);
+                count += 1;
+            }
+        }
+        counts.push(count);
+    }
+    let secs = start.elapsed().as_secs_f64();
+    waits.sort_by(f64::total_cmp);
+    let total: usize = counts.iter().sum();
+    assert_eq!(total, n, "every task claimed exactly once");
+    println!(
+        "bench=claim4 n={n} secs={secs:.3} per_s={:.0} per_process={} p50_ms={:.2} p99_ms={:.2} max_wait_ms={worst_ms:.1}",
+        n as f64 / secs,
+        counts.iter().map(|c| c.to_string()).collect::<Vec<_>>().join("/"),
+        pct(&waits, 0.5),
+        pct(&waits, 0.99),
+    );
+}
+
+fn child_claim(db: &str) {
+    let store = Store::open(db).unwrap();
+    let me = format!("bench-{}", std::process::id());
+    let mut out = std::io::BufWriter::new(std::io::stdout());
+    loop {
+        let t = Instant::now();
+        let Some(c) = store.claim_next(&me, "host", LEASE).unwrap() else { break };
+        writeln!(out, "wait_ms={:.3}", t.elapsed().as_secs_f64() * 1000.0).unwrap();
+        store.finish(c.task.id, c.token, done()).unwrap();
+    }
+}
+
+fn bench_pickup(db: &std::path::Path, n: usize) {
+    let store = Store::open(db).unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let mut kid = Command::new(&exe)
+        .args(["child-pickup", db.to_str().unwrap()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(kid.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "ready");
+    let mut lat = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t0 = now_ns();
+        store.submit(spec(t0.to_string())).unwrap();
+        let line = lines.next().unwrap().unwrap();
+        let claimed_at: u128 = line.parse().unwrap();
+        lat.push((claimed_at - t0) as f64 / 1e6);
+        // Let the consumer go idle again before the next task arrives.
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    drop(kid.stdin.take());
+    let _ = kid.kill();
+    let _ = kid.wait();
+    lat.sort_by(f64::total_cmp);
+    println!(
+        "bench=pickup n={n} p50_ms={:.2} p99_ms={:.2} max_ms={:.2}",
+        pct(&lat, 0.5),
+        pct(&lat, 0.99),
+        lat.last().copied().unwrap_or(0.0)
+    );
+}
+
+fn child_pickup(db: &str) {
+    let store = Store::open(db).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let _w = ChangeWatcher::spawn(store.path(), move || {
+        let _ = tx.send(());
+    })
+    .unwrap();
+    println!("ready");
+    let mut out = std::io::stdout();
+    loop {
+        while let Some(c) = store.claim_next("pickup", "host", LEASE).unwrap() {
+            writeln!(out, "{}", now_ns()).unwrap();
+            out.flush().unwrap();
+            store.finish(c.task.id, c.token, done()).unwrap();
+        }
+        if rx.recv().is_err() {
+            return;
+        }
+        while rx.try_recv().is_ok() {}
+    }
+}

@@ -1,0 +1,684 @@
+//! The model and its update function.
+//!
+//! # Flow
+//! Terminal and queue events arrive as [`Event`]s. Keys go through the keymap to [`Action`]s;
+//! `update` changes only the [`Model`] and returns [`Effect`]s (queue operations, loads). The
+//! runtime performs effects off the UI thread and feeds their results back as events. The view is
+//! a pure function of the model. Nothing here does I/O, so every key can be tested on a model.
+
+use crate::action::Action;
+use crate::diff::{DiffLine, parse_diff};
+use crate::keymap::{Keymap, Mode};
+use crossterm::event::KeyEvent;
+use queue::{StatusFilter, Task, TaskRow, TaskStatus};
+use ratatui_textarea::TextArea;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+/// Lines kept in memory for the log pane, whatever the file's size.
+pub const LOG_RING: usize = 10_000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Focus {
+    Queue,
+    Right,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RightPane {
+    Detail,
+    Logs,
+    Diff,
+    Questions,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EditorKind {
+    Answer(i64),
+    Note(i64),
+    Submit,
+    Search,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConfirmKind {
+    Cancel(i64),
+    Quit { running: usize },
+}
+
+pub enum Popup {
+    Help,
+    Confirm(ConfirmKind),
+    Editor { kind: EditorKind, area: Box<TextArea<'static>> },
+}
+
+/// A change requested of the queue.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Op {
+    Cancel(i64),
+    Retry(i64),
+    SetPriority(i64, i64),
+    Answer(i64, String),
+    Note(i64, String),
+    Submit { prompt: String, repo: String },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Effect {
+    Reload,
+    LoadDetail(i64),
+    /// Read the task's log from this offset (`None`: the tail).
+    LoadLog {
+        id: i64,
+        offset: Option<u64>,
+    },
+    LoadDiff(i64),
+    Queue(Op),
+    Bell {
+        title: String,
+        body: String,
+    },
+    Quit,
+}
+
+/// Results and facts coming into the app.
+pub enum Event {
+    Key(KeyEvent),
+    Resize { height: u16 },
+    Tick { now: f64 },
+    Loaded { rows: Vec<TaskRow>, counts: BTreeMap<String, i64>, workers_alive: usize },
+    DetailLoaded(Box<Task>),
+    LogLoaded { id: i64, text: String, next_offset: u64, from_tail: bool },
+    DiffLoaded { id: i64, text: String },
+    OpDone(Result<String, String>),
+    Header(Header),
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Header {
+    /// The MCP endpoint, or why there is none (e.g. the port is in use).
+    pub mcp: String,
+    pub token_set: bool,
+    pub worker_embedded: bool,
+    pub worker_running: usize,
+}
+
+#[derive(Debug, Default)]
+pub struct LogView {
+    pub id: Option<i64>,
+    pub lines: VecDeque<String>,
+    pub next_offset: u64,
+    pub partial: String,
+    pub follow: bool,
+    /// Lines scrolled up from the bottom.
+    pub scroll: usize,
+    pub search: Option<String>,
+}
+
+#[derive(Debug, Default)]
+pub struct DiffView {
+    pub id: Option<i64>,
+    pub lines: Vec<DiffLine>,
+    pub scroll: usize,
+}
+
+pub struct Model {
+    pub keymap: Keymap,
+    pub rows: Vec<TaskRow>,
+    pub counts: BTreeMap<String, i64>,
+    pub workers_alive: usize,
+    pub selected: usize,
+    pub focus: Focus,
+    pub right: RightPane,
+    pub filter: Option<StatusFilter>,
+    pub detail: Option<Task>,
+    pub detail_scroll: usize,
+    pub log: LogView,
+    pub diff: DiffView,
+    pub question_sel: usize,
+    pub popup: Option<Popup>,
+    pub header: Header,
+    pub message: Option<String>,
+    pub now: f64,
+    pub height: u16,
+    pub cwd: String,
+    pub quit: bool,
+    /// Last known state per task, to notice transitions worth a notification.
+    seen: HashMap<i64, TaskStatus>,
+    loaded_once: bool,
+}
+
+const FILTERS: [Option<StatusFilter>; 8] = [
+    None,
+    Some(StatusFilter::Is(TaskStatus::Queued)),
+    Some(StatusFilter::Blocked),
+    Some(StatusFilter::Is(TaskStatus::Running)),
+    Some(StatusFilter::Is(TaskStatus::Waiting)),
+    Some(StatusFilter::Is(TaskStatus::Done)),
+    Some(StatusFilter::Is(TaskStatus::Failed)),
+    Some(StatusFilter::Is(TaskStatus::Cancelled)),
+];
+
+pub fn filter_name(f: Option<StatusFilter>) -> &'static str {
+    match f {
+        None => "all",
+        Some(StatusFilter::Blocked) => "blocked",
+        Some(StatusFilter::Is(s)) => s.as_str(),
+    }
+}
+
+fn editor(title: &str) -> Box<TextArea<'static>> {
+    let mut area = TextArea::default();
+    area.set_block(ratatui::widgets::Block::bordered().title(title.to_owned()));
+    Box::new(area)
+}
+
+impl Model {
+    pub fn new(keymap: Keymap, cwd: String) -> Model {
+        Model {
+            keymap,
+            rows: Vec::new(),
+            counts: BTreeMap::new(),
+            workers_alive: 0,
+            selected: 0,
+            focus: Focus::Queue,
+            right: RightPane::Detail,
+            filter: None,
+            detail: None,
+            detail_scroll: 0,
+            log: LogView { follow: true, ..Default::default() },
+            diff: DiffView::default(),
+            question_sel: 0,
+            popup: None,
+            header: Header::default(),
+            message: None,
+            now: 0.0,
+            height: 24,
+            cwd,
+            quit: false,
+            seen: HashMap::new(),
+            loaded_once: false,
+        }
+    }
+
+    pub fn mode(&self) -> Mode {
+        match &self.popup {
+            None => Mode::Normal,
+            Some(Popup::Help) => Mode::Help,
+            Some(Popup::Confirm(_)) => Mode::Confirm,
+            Some(Popup::Editor { .. }) => Mode::Editor,
+        }
+    }
+
+    pub fn selected_row(&self) -> Option<&TaskRow> {
+        self.rows.get(self.selected)
+    }
+
+    pub fn selected_id(&self) -> Option<i64> {
+        self.selected_row().map(|r| r.id.0)
+    }
+
+    /// Waiting tasks, for the questions pane.
+    pub fn waiting(&self) -> Vec<&TaskRow> {
+        self.rows.iter().filter(|r| r.status == TaskStatus::Waiting).collect()
+    }
+
+    /// The task an action applies to: the selected question in the questions pane, else the
+    /// selected row.
+    fn target(&self) -> Option<&TaskRow> {
+        if self.focus == Focus::Right && self.right == RightPane::Questions {
+            self.waiting().get(self.question_sel).copied()
+        } else {
+            self.selected_row()
+        }
+    }
+
+    fn page(&self) -> usize {
+        (self.height as usize).saturating_sub(6).max(1)
+    }
+
+    /// Effects that load what the right pane shows for the selected task.
+    fn load_selected(&mut self) -> Vec<Effect> {
+        let Some(id) = self.selected_id() else { return vec![] };
+        self.detail_scroll = 0;
+        match self.right {
+            RightPane::Detail | RightPane::Questions => vec![Effect::LoadDetail(id)],
+            RightPane::Logs => {
+                if self.log.id != Some(id) {
+                    self.log = LogView { id: Some(id), follow: true, ..Default::default() };
+                }
+                vec![Effect::LoadLog { id, offset: None }]
+            }
+            RightPane::Diff => {
+                if self.diff.id != Some(id) {
+                    self.diff = DiffView { id: Some(id), ..Default::default() };
+                }
+                vec![Effect::LoadDiff(id)]
+            }
+        }
+    }
+
+    pub fn handle(&mut self, ev: Event) -> Vec<Effect> {
+        match ev {
+            Event::Key(k) => self.key(k),
+            Event::Resize { height } => {
+                self.height = height;
+                vec![]
+            }
+            Event::Tick { now } => {
+                self.now = now;
+                // A running task's log and diff keep changing: follow them.
+                match (self.right, self.selected_row()) {
+                    (RightPane::Logs, Some(r))
+                        if self.log.id == Some(r.id.0) && r.status == TaskStatus::Running =>
+                    {
+                        vec![Effect::LoadLog { id: r.id.0, offset: Some(self.log.next_offset) }]
+                    }
+                    _ => vec![],
+                }
+            }
+            Event::Loaded { rows, counts, workers_alive } => {
+                self.loaded(rows, counts, workers_alive)
+            }
+            Event::DetailLoaded(t) => {
+                if Some(t.id.0) == self.selected_id()
+                    || self.detail.as_ref().is_some_and(|d| d.id == t.id)
+                {
+                    self.detail = Some(*t);
+                }
+                vec![]
+            }
+            Event::LogLoaded { id, text, next_offset, from_tail } => {
+                if self.log.id == Some(id) {
+                    self.append_log(&text, next_offset, from_tail);
+                }
+                vec![]
+            }
+            Event::DiffLoaded { id, text } => {
+                if self.diff.id == Some(id) {
+                    self.diff.lines = parse_diff(&text);
+                    self.diff.scroll =
+                        self.diff.scroll.min(self.diff.lines.len().saturating_sub(1));
+                }
+                vec![]
+            }
+            Event::OpDone(r) => {
+                self.message = Some(match r {
+                    Ok(m) => m,
+                    Err(e) => format!("error: {e}"),
+                });
+                vec![Effect::Reload]
+            }
+            Event::Header(h) => {
+                self.header = h;
+                vec![]
+            }
+        }
+    }
+
+    fn append_log(&mut self, text: &str, next_offset: u64, from_tail: bool) {
+        let log = &mut self.log;
+        if from_tail {
+            log.lines.clear();
+            log.partial.clear();
+        }
+        log.next_offset = next_offset;
+        let mut buf = std::mem::take(&mut log.partial);
+        buf.push_str(text);
+        let mut parts: Vec<&str> = buf.split('\n').collect();
+        let last = parts.pop().unwrap_or("");
+        let mut first = from_tail;
+        for p in parts {
+            // A tail starts mid-file: its first line is probably cut.
+            if first && next_offset as usize > text.len() {
+                first = false;
+                continue;
+            }
+            first = false;
+            log.lines.push_back(p.to_owned());
+            if log.lines.len() > LOG_RING {
+                log.lines.pop_front();
+            }
+        }
+        log.partial = last.to_owned();
+        if log.follow {
+            log.scroll = 0;
+        }
+    }
+
+    fn loaded(
+        &mut self,
+        rows: Vec<TaskRow>,
+        counts: BTreeMap<String, i64>,
+        workers_alive: usize,
+    ) -> Vec<Effect> {
+        let keep = self.selected_id();
+        let mut effects = Vec::new();
+        // Notify on transitions into waiting, done and failed (not on the first load).
+        for r in &rows {
+            let before = self.seen.insert(r.id.0, r.status);
+            if self.loaded_once && before.is_some() && before != Some(r.status) {
+                let what = match r.status {
+                    TaskStatus::Waiting => Some("asks a question"),
+                    TaskStatus::Done => Some("is done"),
+                    TaskStatus::Failed => Some("failed"),
+                    _ => None,
+                };
+                if let Some(what) = what {
+                    effects.push(Effect::Bell {
+                        title: format!("TaskBridge: task {} {what}", r.id.0),
+                        body: r.question.clone().unwrap_or_else(|| r.title.clone()),
+                    });
+                }
+            }
+        }
+        self.loaded_once = true;
+        let changed_selection = self.rows.get(self.selected).map(|r| (r.id, r.status))
+            != keep.and_then(|k| rows.iter().find(|r| r.id.0 == k)).map(|r| (r.id, r.status));
+        self.rows = rows;
+        self.counts = counts;
+        self.workers_alive = workers_alive;
+        if let Some(k) = keep
+            && let Some(i) = self.rows.iter().position(|r| r.id.0 == k)
+        {
+            self.selected = i;
+        }
+        self.selected = self.selected.min(self.rows.len().saturating_sub(1));
+        self.question_sel = self.question_sel.min(self.waiting().len().saturating_sub(1));
+        // Refresh what the right pane shows for the selection.
+        if let Some(id) = self.selected_id() {
+            match self.right {
+                RightPane::Detail | RightPane::Questions => effects.push(Effect::LoadDetail(id)),
+                RightPane::Diff if changed_selection => effects.push(Effect::LoadDiff(id)),
+                RightPane::Logs if self.log.id != Some(id) => effects.extend(self.load_selected()),
+                _ => {}
+            }
+        }
+        effects
+    }
+
+    fn key(&mut self, k: KeyEvent) -> Vec<Effect> {
+        let mode = self.mode();
+        let action = self.keymap.resolve(mode, &k);
+        if let Some(Popup::Editor { area, .. }) = &mut self.popup
+            && action.is_none()
+        {
+            area.input(k);
+            return vec![];
+        }
+        match action {
+            Some(a) => self.update(a),
+            None => vec![],
+        }
+    }
+
+    /// Applies one action.
+    pub fn update(&mut self, action: Action) -> Vec<Effect> {
+        self.message = None;
+        match self.mode() {
+            Mode::Editor => return self.update_editor(action),
+            Mode::Confirm => return self.update_confirm(action),
+            Mode::Help => {
+                if matches!(action, Action::ToggleHelp | Action::Dismiss) {
+                    self.popup = None;
+                }
+                return vec![];
+            }
+            Mode::Normal => {}
+        }
+        match action {
+            Action::SelectNext => self.move_by(1),
+            Action::SelectPrev => self.move_by(-1),
+            Action::PageDown => self.move_by(self.page() as isize),
+            Action::PageUp => self.move_by(-(self.page() as isize)),
+            Action::SelectFirst => self.move_by(isize::MIN / 2),
+            Action::SelectLast => self.move_by(isize::MAX / 2),
+            Action::FocusNext | Action::FocusPrev => {
+                let order = [
+                    None,
+                    Some(RightPane::Detail),
+                    Some(RightPane::Logs),
+                    Some(RightPane::Diff),
+                    Some(RightPane::Questions),
+                ];
+                let cur = if self.focus == Focus::Queue { None } else { Some(self.right) };
+                let i = order.iter().position(|p| *p == cur).unwrap_or(0);
+                let n = order.len();
+                let next = if action == Action::FocusNext { (i + 1) % n } else { (i + n - 1) % n };
+                match order[next] {
+                    None => {
+                        self.focus = Focus::Queue;
+                        vec![]
+                    }
+                    Some(p) => self.open(p),
+                }
+            }
+            Action::OpenDetail => self.open(RightPane::Detail),
+            Action::OpenLogs => self.open(RightPane::Logs),
+            Action::OpenDiff => self.open(RightPane::Diff),
+            Action::OpenQuestions => self.open(RightPane::Questions),
+            Action::AnswerTask => match self.target() {
+                Some(r) if r.status == TaskStatus::Waiting => {
+                    let title = format!(
+                        " Answer task {}: {} (Ctrl-S sends, Esc cancels) ",
+                        r.id.0,
+                        r.question.as_deref().unwrap_or("").lines().next().unwrap_or("")
+                    );
+                    self.popup = Some(Popup::Editor {
+                        kind: EditorKind::Answer(r.id.0),
+                        area: editor(&title),
+                    });
+                    vec![]
+                }
+                Some(r) => self.say(format!(
+                    "task {} is {}: only a waiting task can be answered",
+                    r.id.0,
+                    r.display_status()
+                )),
+                None => self.say("no task selected".into()),
+            },
+            Action::SubmitTask => {
+                let title = format!(" New task in {} (Ctrl-S submits, Esc cancels) ", self.cwd);
+                self.popup = Some(Popup::Editor { kind: EditorKind::Submit, area: editor(&title) });
+                vec![]
+            }
+            Action::AddTaskNote => match self.target() {
+                Some(r) if !r.status.is_terminal() => {
+                    let title = format!(" Note for task {} (Ctrl-S adds, Esc cancels) ", r.id.0);
+                    self.popup = Some(Popup::Editor {
+                        kind: EditorKind::Note(r.id.0),
+                        area: editor(&title),
+                    });
+                    vec![]
+                }
+                Some(r) => self
+                    .say(format!("task {} is {}: notes go to unfinished tasks", r.id.0, r.status)),
+                None => self.say("no task selected".into()),
+            },
+            Action::SearchLog => {
+                if self.right != RightPane::Logs {
+                    return self.say("open the log (l) to search it".into());
+                }
+                self.popup = Some(Popup::Editor {
+                    kind: EditorKind::Search,
+                    area: editor(" Search the log (Ctrl-S finds the previous match) "),
+                });
+                vec![]
+            }
+            Action::RetryTask => match self.target() {
+                Some(r) if matches!(r.status, TaskStatus::Failed | TaskStatus::Cancelled) => {
+                    vec![Effect::Queue(Op::Retry(r.id.0))]
+                }
+                Some(r) => self.say(format!(
+                    "task {} is {}: only failed or cancelled tasks can be retried",
+                    r.id.0,
+                    r.display_status()
+                )),
+                None => self.say("no task selected".into()),
+            },
+            Action::CancelTask => match self.target() {
+                Some(r) if !r.status.is_terminal() => {
+                    self.popup = Some(Popup::Confirm(ConfirmKind::Cancel(r.id.0)));
+                    vec![]
+                }
+                Some(r) => self.say(format!("task {} is already {}", r.id.0, r.status)),
+                None => self.say("no task selected".into()),
+            },
+            Action::RaisePriority | Action::LowerPriority => match self.target() {
+                Some(r) if !r.status.is_terminal() => {
+                    let step = if action == Action::RaisePriority { 1 } else { -1 };
+                    let p = (r.priority + step).clamp(-100, 100);
+                    vec![Effect::Queue(Op::SetPriority(r.id.0, p))]
+                }
+                Some(r) => self.say(format!("task {} is {}", r.id.0, r.status)),
+                None => vec![],
+            },
+            Action::CycleFilter => {
+                let i = FILTERS.iter().position(|f| *f == self.filter).unwrap_or(0);
+                self.filter = FILTERS[(i + 1) % FILTERS.len()];
+                self.selected = 0;
+                vec![Effect::Reload]
+            }
+            Action::ToggleFollow => {
+                self.log.follow = !self.log.follow;
+                if self.log.follow {
+                    self.log.scroll = 0;
+                }
+                vec![]
+            }
+            Action::ToggleHelp => {
+                self.popup = Some(Popup::Help);
+                vec![]
+            }
+            Action::Quit => {
+                if self.header.worker_running > 0 {
+                    self.popup = Some(Popup::Confirm(ConfirmKind::Quit {
+                        running: self.header.worker_running,
+                    }));
+                    vec![]
+                } else {
+                    self.quit = true;
+                    vec![Effect::Quit]
+                }
+            }
+            Action::Send | Action::Confirm | Action::Dismiss => vec![],
+        }
+    }
+
+    fn say(&mut self, m: String) -> Vec<Effect> {
+        self.message = Some(m);
+        vec![]
+    }
+
+    fn open(&mut self, pane: RightPane) -> Vec<Effect> {
+        self.focus = Focus::Right;
+        self.right = pane;
+        self.load_selected()
+    }
+
+    fn move_by(&mut self, delta: isize) -> Vec<Effect> {
+        if self.focus == Focus::Right {
+            match self.right {
+                RightPane::Logs => {
+                    // Up means older lines: scroll away from the bottom and stop following.
+                    let max = self.log.lines.len();
+                    let s = (self.log.scroll as isize - delta).clamp(0, max as isize) as usize;
+                    self.log.scroll = s;
+                    self.log.follow = s == 0 && self.log.follow;
+                    return vec![];
+                }
+                RightPane::Diff => {
+                    let max = self.diff.lines.len().saturating_sub(1);
+                    self.diff.scroll =
+                        (self.diff.scroll as isize + delta).clamp(0, max as isize) as usize;
+                    return vec![];
+                }
+                RightPane::Detail => {
+                    self.detail_scroll = (self.detail_scroll as isize + delta).max(0) as usize;
+                    return vec![];
+                }
+                RightPane::Questions => {
+                    let n = self.waiting().len();
+                    self.question_sel = (self.question_sel as isize + delta)
+                        .clamp(0, n.saturating_sub(1) as isize)
+                        as usize;
+                    return vec![];
+                }
+            }
+        }
+        if self.rows.is_empty() {
+            return vec![];
+        }
+        let before = self.selected;
+        self.selected = (self.selected as isize)
+            .saturating_add(delta)
+            .clamp(0, self.rows.len() as isize - 1) as usize;
+        if before == self.selected { vec![] } else { self.load_selected() }
+    }
+
+    fn update_confirm(&mut self, action: Action) -> Vec<Effect> {
+        let Some(Popup::Confirm(kind)) = self.popup.take() else { return vec![] };
+        match (action, kind) {
+            (Action::Confirm, ConfirmKind::Cancel(id)) => vec![Effect::Queue(Op::Cancel(id))],
+            (Action::Confirm, ConfirmKind::Quit { .. }) => {
+                self.quit = true;
+                vec![Effect::Quit]
+            }
+            (Action::Dismiss, _) => vec![],
+            _ => {
+                self.popup = Some(Popup::Confirm(kind));
+                vec![]
+            }
+        }
+    }
+
+    fn update_editor(&mut self, action: Action) -> Vec<Effect> {
+        match action {
+            Action::Dismiss => {
+                self.popup = None;
+                vec![]
+            }
+            Action::Send => {
+                let Some(Popup::Editor { kind, area }) = self.popup.take() else { return vec![] };
+                let text = area.lines().join("\n");
+                if text.trim().is_empty() && kind != EditorKind::Search {
+                    self.popup = Some(Popup::Editor { kind, area });
+                    return self.say("nothing to send: type something, or Esc to cancel".into());
+                }
+                match kind {
+                    EditorKind::Answer(id) => vec![Effect::Queue(Op::Answer(id, text))],
+                    EditorKind::Note(id) => vec![Effect::Queue(Op::Note(id, text))],
+                    EditorKind::Submit => {
+                        vec![Effect::Queue(Op::Submit { prompt: text, repo: self.cwd.clone() })]
+                    }
+                    EditorKind::Search => {
+                        self.search_log(text.trim());
+                        vec![]
+                    }
+                }
+            }
+            _ => vec![],
+        }
+    }
+
+    /// Scrolls to the previous (older) line containing `needle`, from the current position.
+    fn search_log(&mut self, needle: &str) {
+        if needle.is_empty() {
+            self.log.search = None;
+            return;
+        }
+        self.log.search = Some(needle.to_owned());
+        let n = self.log.lines.len();
+        let bottom = n.saturating_sub(1 + self.log.scroll);
+        let start = if self.log.scroll == 0 { bottom } else { bottom.saturating_sub(1) };
+        let found = (0..=start.min(n.saturating_sub(1)))
+            .rev()
+            .find(|&i| self.log.lines[i].contains(needle));
+        match found {
+            Some(i) => {
+                self.log.follow = false;
+                self.log.scroll = n - 1 - i;
+            }
+            None => self.message = Some(format!("'{needle}' not found above")),
+        }
+    }
+}

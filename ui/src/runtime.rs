@@ -1,0 +1,285 @@
+//! The terminal, the event loop and the effects: everything in the TUI that does I/O.
+
+use crate::app::{Effect, Event, Header, Model, Op};
+use crate::keymap::Keymap;
+use crossterm::event::{Event as TermEvent, EventStream, KeyEventKind};
+use futures::StreamExt;
+use queue::{Home, Store, TaskId};
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use worker::Worker;
+
+/// Log bytes read per load: bounds memory whatever the log's size.
+const LOG_PAGE: usize = 256 * 1024;
+
+pub struct TuiOptions {
+    pub store: Arc<Store>,
+    pub home: Home,
+    pub cwd: PathBuf,
+    pub keymap: Keymap,
+    pub mcp: String,
+    pub token_set: bool,
+    pub worker: Option<Arc<Worker>>,
+}
+
+fn now() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+}
+
+enum Msg {
+    Ev(Event),
+    Reload,
+}
+
+/// Restores the terminal however the loop ends.
+struct TerminalGuard;
+
+impl Drop for TerminalGuard {
+    fn drop(&mut self) {
+        ratatui::restore();
+    }
+}
+
+/// Runs the TUI until the user quits or `shutdown` is cancelled.
+pub async fn run(opts: TuiOptions, shutdown: CancellationToken) -> std::io::Result<()> {
+    let mut terminal = ratatui::try_init()?;
+    let _guard = TerminalGuard;
+    let (tx, mut rx) = mpsc::unbounded_channel::<Msg>();
+
+    let t = tx.clone();
+    tokio::spawn(async move {
+        let mut events = EventStream::new();
+        while let Some(Ok(ev)) = events.next().await {
+            let msg = match ev {
+                TermEvent::Key(k) if k.kind != KeyEventKind::Release => Msg::Ev(Event::Key(k)),
+                TermEvent::Resize(_, h) => Msg::Ev(Event::Resize { height: h }),
+                _ => continue,
+            };
+            if t.send(msg).is_err() {
+                break;
+            }
+        }
+    });
+    let t = tx.clone();
+    let _watcher = queue::ChangeWatcher::spawn(opts.store.path(), move || {
+        let _ = t.send(Msg::Reload);
+    })
+    .ok();
+    let t = tx.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(250));
+        loop {
+            tick.tick().await;
+            if t.send(Msg::Ev(Event::Tick { now: now() })).is_err() {
+                break;
+            }
+        }
+    });
+
+    let cwd = opts.cwd.display().to_string();
+    let mut model = Model::new(opts.keymap.clone(), cwd);
+    model.now = now();
+    model.height = terminal.size().map(|s| s.height).unwrap_or(24);
+    let header = |running: usize| Header {
+        mcp: opts.mcp.clone(),
+        token_set: opts.token_set,
+        worker_embedded: opts.worker.is_some(),
+        worker_running: running,
+    };
+    model.handle(Event::Header(header(0)));
+    let fx = Effects { store: opts.store.clone(), home: opts.home.clone(), tx: tx.clone() };
+    fx.reload(model.filter);
+
+    let mut dirty = true;
+    let mut ticks = 0u64;
+    loop {
+        if dirty {
+            terminal.draw(|f| crate::view::draw(&model, f))?;
+            dirty = false;
+        }
+        let msg = tokio::select! {
+            m = rx.recv() => match m { Some(m) => m, None => break },
+            _ = shutdown.cancelled() => break,
+        };
+        // Drain what has queued up, then draw once.
+        let mut batch = vec![msg];
+        while let Ok(m) = rx.try_recv() {
+            batch.push(m);
+        }
+        let mut reload = false;
+        for msg in batch {
+            let effects = match msg {
+                Msg::Reload => {
+                    reload = true;
+                    continue;
+                }
+                Msg::Ev(Event::Tick { now }) => {
+                    ticks += 1;
+                    let running = opts.worker.as_ref().map_or(0, |w| w.running());
+                    if running != model.header.worker_running {
+                        model.handle(Event::Header(header(running)));
+                        dirty = true;
+                    }
+                    // Ages on screen move once a second; nothing else needs a redraw when idle.
+                    if ticks.is_multiple_of(4) {
+                        dirty = true;
+                    }
+                    model.handle(Event::Tick { now })
+                }
+                Msg::Ev(ev) => {
+                    dirty = true;
+                    model.handle(ev)
+                }
+            };
+            for e in effects {
+                match e {
+                    Effect::Reload => reload = true,
+                    Effect::Quit => {}
+                    other => fx.run(other),
+                }
+            }
+        }
+        if reload {
+            fx.reload(model.filter);
+        }
+        if model.quit {
+            break;
+        }
+    }
+    drop(terminal);
+    Ok(())
+}
+
+struct Effects {
+    store: Arc<Store>,
+    home: Home,
+    tx: mpsc::UnboundedSender<Msg>,
+}
+
+impl Effects {
+    fn reload(&self, filter: Option<queue::StatusFilter>) {
+        let (store, tx) = (self.store.clone(), self.tx.clone());
+        tokio::task::spawn_blocking(move || {
+            let loaded = store.rows(filter).and_then(|rows| Ok((rows, store.status()?)));
+            let ev = match loaded {
+                Ok((rows, st)) => {
+                    Event::Loaded { rows, counts: st.counts, workers_alive: st.workers_alive }
+                }
+                Err(e) => Event::OpDone(Err(format!("reading the queue: {e}"))),
+            };
+            let _ = tx.send(Msg::Ev(ev));
+        });
+    }
+
+    fn run(&self, effect: Effect) {
+        let (store, home, tx) = (self.store.clone(), self.home.clone(), self.tx.clone());
+        let send = move |ev: Event| {
+            let _ = tx.send(Msg::Ev(ev));
+        };
+        match effect {
+            Effect::Reload | Effect::Quit => {}
+            Effect::Bell { title, body } => {
+                let mut out = std::io::stdout();
+                let _ = out.write_all(b"\x07");
+                let _ = out.flush();
+                worker::runner::notify_desktop(&title, &body);
+            }
+            Effect::LoadDetail(id) => {
+                tokio::task::spawn_blocking(move || {
+                    if let Ok(t) = store.get(TaskId(id)) {
+                        send(Event::DetailLoaded(Box::new(t)));
+                    }
+                });
+            }
+            Effect::LoadLog { id, offset } => {
+                tokio::task::spawn_blocking(move || {
+                    let path = worker::logs::log_path(&home.logs_dir(), id);
+                    if let Ok(c) = worker::logs::read_log(&path, offset, LOG_PAGE)
+                        && (offset.is_none() || !c.text.is_empty())
+                    {
+                        send(Event::LogLoaded {
+                            id,
+                            text: c.text,
+                            next_offset: c.next_offset,
+                            from_tail: offset.is_none(),
+                        });
+                    }
+                });
+            }
+            Effect::LoadDiff(id) => {
+                tokio::task::spawn_blocking(move || {
+                    let Ok(t) = store.get(TaskId(id)) else { return };
+                    // A live task's diff comes from its worktree; a finished one's from its result.
+                    let live = t
+                        .worktree
+                        .as_deref()
+                        .filter(|w| !t.status.is_terminal() && std::path::Path::new(w).exists());
+                    let text = match live {
+                        Some(wt) => {
+                            worker::git::diff_against_base(std::path::Path::new(wt), &t.base)
+                                .map(|d| d.patch)
+                                .unwrap_or_default()
+                        }
+                        None => t
+                            .result
+                            .as_ref()
+                            .and_then(|r| r.get("diff"))
+                            .and_then(|d| d.as_str())
+                            .unwrap_or("")
+                            .to_owned(),
+                    };
+                    send(Event::DiffLoaded { id, text });
+                });
+            }
+            Effect::Queue(op) => {
+                let cwd = PathBuf::from(match &op {
+                    Op::Submit { repo, .. } => repo.clone(),
+                    _ => String::new(),
+                });
+                tokio::task::spawn_blocking(move || {
+                    let r = apply(&store, &cwd, op);
+                    send(Event::OpDone(r));
+                });
+            }
+        }
+    }
+}
+
+/// Performs a queue operation and describes the outcome for the status line.
+fn apply(store: &Store, cwd: &std::path::Path, op: Op) -> Result<String, String> {
+    let e = |e: queue::Error| e.to_string();
+    match op {
+        Op::Cancel(id) => store
+            .cancel(TaskId(id))
+            .map(|t| {
+                if t.status == queue::TaskStatus::Running {
+                    format!("task {id}: cancel requested; its agent is being stopped")
+                } else {
+                    format!("task {id}: {}", t.status)
+                }
+            })
+            .map_err(e),
+        Op::Retry(id) => {
+            store.retry(TaskId(id)).map(|_| format!("task {id} queued again")).map_err(e)
+        }
+        Op::SetPriority(id, p) => {
+            store.set_priority(TaskId(id), p).map(|_| format!("task {id}: priority {p}")).map_err(e)
+        }
+        Op::Answer(id, text) => store
+            .answer(TaskId(id), &text)
+            .map(|_| format!("task {id} answered; it resumes its session"))
+            .map_err(e),
+        Op::Note(id, text) => {
+            store.note(TaskId(id), &text).map(|_| format!("task {id}: note added")).map_err(e)
+        }
+        Op::Submit { prompt, repo } => {
+            worker::submit(store, cwd, worker::SubmitRequest::new(prompt, repo))
+                .map(|(t, _)| format!("task {} submitted", t.id.0))
+                .map_err(|e| e.to_string())
+        }
+    }
+}

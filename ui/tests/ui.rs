@@ -1,0 +1,328 @@
+//! The TUI without a terminal: every key action on a model through the real keymap, and the main
+//! screens drawn into ratatui's `TestBackend` (insta snapshots, plus cell-style checks).
+#![allow(clippy::unwrap_used)]
+
+use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
+use queue::{TaskId, TaskRow, TaskStatus};
+use ratatui::Terminal;
+use ratatui::backend::TestBackend;
+use ratatui::style::{Color, Modifier};
+use std::collections::BTreeMap;
+use taskbridge_ui::app::{ConfirmKind, Effect, Event, Focus, Header, Model, Op, Popup, RightPane};
+use taskbridge_ui::keymap::Keymap;
+
+const NOW: f64 = 1_800_000_000.0;
+
+fn row(id: i64, status: TaskStatus, title: &str) -> TaskRow {
+    TaskRow {
+        id: TaskId(id),
+        title: title.into(),
+        status,
+        priority: 0,
+        repo: "/home/me/src/app".into(),
+        attempts: if status == TaskStatus::Queued { 0 } else { 1 },
+        max_attempts: 2,
+        created_at: NOW - 600.0,
+        started_at: (status != TaskStatus::Queued).then_some(NOW - 125.0),
+        finished_at: status.is_terminal().then_some(NOW - 5.0),
+        question: (status == TaskStatus::Waiting)
+            .then(|| "Postgres or SQLite for the cache?".to_owned()),
+        waiting_on: vec![],
+    }
+}
+
+fn model(rows: Vec<TaskRow>) -> Model {
+    let mut m = Model::new(Keymap::load(None).unwrap(), "/home/me/src/app".into());
+    m.now = NOW;
+    m.handle(Event::Header(Header {
+        mcp: "http://127.0.0.1:8765/mcp".into(),
+        token_set: false,
+        worker_embedded: true,
+        worker_running: 1,
+    }));
+    let mut counts = BTreeMap::new();
+    for r in &rows {
+        *counts.entry(r.display_status().to_owned()).or_insert(0) += 1;
+    }
+    m.handle(Event::Loaded { rows, counts, workers_alive: 1 });
+    m
+}
+
+fn busy() -> Model {
+    let mut blocked = row(5, TaskStatus::Queued, "Write the migration guide");
+    blocked.waiting_on = vec![TaskId(4)];
+    blocked.priority = 5;
+    model(vec![
+        blocked,
+        row(4, TaskStatus::Running, "Add a cache layer to the API"),
+        row(3, TaskStatus::Waiting, "Choose the cache backend"),
+        row(2, TaskStatus::Done, "Fix the flaky login test"),
+        row(1, TaskStatus::Failed, "Upgrade the web framework"),
+    ])
+}
+
+fn key(m: &mut Model, c: KeyCode) -> Vec<Effect> {
+    m.handle(Event::Key(KeyEvent::new(c, KeyModifiers::NONE)))
+}
+
+fn ch(m: &mut Model, c: char) -> Vec<Effect> {
+    let mods = if c.is_ascii_uppercase() { KeyModifiers::SHIFT } else { KeyModifiers::NONE };
+    m.handle(Event::Key(KeyEvent::new(KeyCode::Char(c), mods)))
+}
+
+fn ctrl(m: &mut Model, c: char) -> Vec<Effect> {
+    m.handle(Event::Key(KeyEvent::new(KeyCode::Char(c), KeyModifiers::CONTROL)))
+}
+
+fn typed(m: &mut Model, text: &str) {
+    for c in text.chars() {
+        ch(m, c);
+    }
+}
+
+fn render(m: &Model, w: u16, h: u16) -> Terminal<TestBackend> {
+    let mut t = Terminal::new(TestBackend::new(w, h)).unwrap();
+    t.draw(|f| taskbridge_ui::view::draw(m, f)).unwrap();
+    t
+}
+
+// ---- state: each key action through the real keymap ----------------------------------------
+
+#[test]
+fn moving_and_switching_panes() {
+    let mut m = busy();
+    assert_eq!(m.selected_id(), Some(5));
+    assert_eq!(ch(&mut m, 'j'), vec![Effect::LoadDetail(4)]);
+    key(&mut m, KeyCode::Down);
+    assert_eq!(m.selected_id(), Some(3));
+    ch(&mut m, 'k');
+    assert_eq!(m.selected_id(), Some(4));
+    ch(&mut m, 'G');
+    assert_eq!(m.selected_id(), Some(1));
+    ch(&mut m, 'g');
+    assert_eq!(m.selected_id(), Some(5));
+    assert_eq!(ch(&mut m, 'l'), vec![Effect::LoadLog { id: 5, offset: None }]);
+    assert_eq!((m.focus, m.right), (Focus::Right, RightPane::Logs));
+    assert_eq!(ch(&mut m, 'd'), vec![Effect::LoadDiff(5)]);
+    assert_eq!(m.right, RightPane::Diff);
+    key(&mut m, KeyCode::Tab);
+    assert_eq!(m.right, RightPane::Questions);
+    key(&mut m, KeyCode::Tab);
+    assert_eq!(m.focus, Focus::Queue);
+    m.handle(Event::Key(KeyEvent::new(KeyCode::BackTab, KeyModifiers::SHIFT)));
+    assert_eq!((m.focus, m.right), (Focus::Right, RightPane::Questions));
+    key(&mut m, KeyCode::Enter);
+    assert_eq!(m.right, RightPane::Detail);
+}
+
+#[test]
+fn answering_a_waiting_task_in_the_editor() {
+    let mut m = busy();
+    ch(&mut m, 'a');
+    assert!(m.message.as_deref().unwrap().contains("only a waiting task can be answered"));
+    ch(&mut m, 'j');
+    ch(&mut m, 'j');
+    assert_eq!(m.selected_id(), Some(3));
+    ch(&mut m, 'a');
+    assert!(matches!(m.popup, Some(Popup::Editor { .. })));
+    typed(&mut m, "SQLite, ");
+    key(&mut m, KeyCode::Enter);
+    typed(&mut m, "keep it simple");
+    let fx = ctrl(&mut m, 's');
+    assert_eq!(fx, vec![Effect::Queue(Op::Answer(3, "SQLite, \nkeep it simple".into()))]);
+    assert!(m.popup.is_none());
+    // Esc abandons an answer.
+    ch(&mut m, 'a');
+    typed(&mut m, "never mind");
+    assert_eq!(key(&mut m, KeyCode::Esc), vec![]);
+    assert!(m.popup.is_none());
+}
+
+#[test]
+fn the_questions_pane_answers_the_highlighted_question() {
+    let mut m = busy();
+    ch(&mut m, 'Q');
+    assert_eq!(m.right, RightPane::Questions);
+    ch(&mut m, 'a');
+    typed(&mut m, "Postgres");
+    assert_eq!(ctrl(&mut m, 's'), vec![Effect::Queue(Op::Answer(3, "Postgres".into()))]);
+}
+
+#[test]
+fn cancel_asks_first() {
+    let mut m = busy();
+    ch(&mut m, 'j');
+    assert_eq!(ch(&mut m, 'c'), vec![]);
+    assert!(matches!(m.popup, Some(Popup::Confirm(ConfirmKind::Cancel(4)))));
+    assert_eq!(ch(&mut m, 'n'), vec![]);
+    assert!(m.popup.is_none());
+    ch(&mut m, 'c');
+    assert_eq!(ch(&mut m, 'y'), vec![Effect::Queue(Op::Cancel(4))]);
+    ch(&mut m, 'G');
+    ch(&mut m, 'k');
+    ch(&mut m, 'c');
+    assert!(m.message.as_deref().unwrap().contains("already done"));
+}
+
+#[test]
+fn retry_priority_note_submit_and_filter() {
+    let mut m = busy();
+    ch(&mut m, 'G');
+    assert_eq!(ch(&mut m, 'r'), vec![Effect::Queue(Op::Retry(1))]);
+    ch(&mut m, 'g');
+    assert_eq!(ch(&mut m, '+'), vec![Effect::Queue(Op::SetPriority(5, 6))]);
+    assert_eq!(ch(&mut m, '-'), vec![Effect::Queue(Op::SetPriority(5, 4))]);
+    ch(&mut m, 'r');
+    assert!(m.message.as_deref().unwrap().contains("only failed or cancelled"));
+    ch(&mut m, 'N');
+    typed(&mut m, "use the v2 API");
+    assert_eq!(ctrl(&mut m, 's'), vec![Effect::Queue(Op::Note(5, "use the v2 API".into()))]);
+    ch(&mut m, 'n');
+    typed(&mut m, "Add a health endpoint");
+    assert_eq!(
+        ctrl(&mut m, 's'),
+        vec![Effect::Queue(Op::Submit {
+            prompt: "Add a health endpoint".into(),
+            repo: "/home/me/src/app".into()
+        })]
+    );
+    assert_eq!(ch(&mut m, 'f'), vec![Effect::Reload]);
+    assert_eq!(taskbridge_ui::app::filter_name(m.filter), "queued");
+}
+
+#[test]
+fn quit_asks_while_the_embedded_worker_runs_tasks() {
+    let mut m = busy();
+    assert_eq!(ch(&mut m, 'q'), vec![]);
+    assert!(matches!(m.popup, Some(Popup::Confirm(ConfirmKind::Quit { running: 1 }))));
+    assert_eq!(ch(&mut m, 'y'), vec![Effect::Quit]);
+    assert!(m.quit);
+    let mut idle = model(vec![]);
+    idle.header.worker_running = 0;
+    assert_eq!(ch(&mut idle, 'q'), vec![Effect::Quit]);
+}
+
+#[test]
+fn a_task_that_starts_waiting_rings_the_bell() {
+    let mut m = busy();
+    let mut rows = m.rows.clone();
+    rows[1].status = TaskStatus::Waiting;
+    rows[1].question = Some("Redis?".into());
+    let fx = m.handle(Event::Loaded { rows, counts: BTreeMap::new(), workers_alive: 1 });
+    assert!(
+        fx.iter().any(|e| matches!(e, Effect::Bell { title, .. } if title.contains("task 4 asks"))),
+        "{fx:?}"
+    );
+}
+
+#[test]
+fn the_log_keeps_a_bounded_ring_and_follows() {
+    let mut m = busy();
+    ch(&mut m, 'l');
+    let text: String = (0..12_000).map(|i| format!("line {i}\n")).collect();
+    m.handle(Event::LogLoaded { id: 5, text, next_offset: 100, from_tail: false });
+    assert_eq!(m.log.lines.len(), taskbridge_ui::app::LOG_RING);
+    assert_eq!(m.log.lines.back().unwrap(), "line 11999");
+    ch(&mut m, 'k');
+    assert!(!m.log.follow, "scrolling up stops following");
+    ch(&mut m, 'F');
+    assert!(m.log.follow && m.log.scroll == 0);
+    ch(&mut m, '/');
+    typed(&mut m, "line 11990");
+    ctrl(&mut m, 's');
+    assert_eq!(m.log.scroll, 9);
+}
+
+// ---- screens -------------------------------------------------------------------------------
+
+#[test]
+fn screen_empty_queue() {
+    let m = model(vec![]);
+    insta::assert_snapshot!(render(&m, 100, 20).backend());
+}
+
+#[test]
+fn screen_running_tasks_with_detail() {
+    let mut m = busy();
+    ch(&mut m, 'j');
+    let mut task = queue_task(4);
+    task.result = Some(
+        serde_json::json!({"summary": "Cached GET /items for 60 s.", "files_touched": [{"path": "src/cache.rs", "status": "added"}], "tests_run": [{"command": "cargo test", "exit_code": 0, "observed": true}, {"command": "npm test", "exit_code": null, "observed": false}], "usage": {"input_tokens": 1200, "output_tokens": 300, "reasoning_tokens": 0, "cache_read_tokens": 4000, "cache_write_tokens": 100, "cost_usd": 0.0123, "steps": 3}}),
+    );
+    m.handle(Event::DetailLoaded(Box::new(task)));
+    insta::assert_snapshot!(render(&m, 140, 30).backend());
+}
+
+#[test]
+fn screen_diff_with_colours() {
+    let mut m = busy();
+    ch(&mut m, 'd');
+    let diff = "diff --git a/src/lib.rs b/src/lib.rs\n--- a/src/lib.rs\n+++ b/src/lib.rs\n@@ -1,3 +1,3 @@\n fn main() {\n-    let ttl = 30;\n+    let ttl = 60;\n }\n";
+    m.handle(Event::DiffLoaded { id: 5, text: diff.into() });
+    let t = render(&m, 120, 16);
+    insta::assert_snapshot!(t.backend());
+    let buf = t.backend().buffer();
+    let find = |needle: &str| -> (u16, u16) {
+        for y in 0..buf.area.height {
+            let line: String =
+                (0..buf.area.width).map(|x| buf[(x, y)].symbol().to_owned()).collect();
+            if let Some(i) = line.find(needle) {
+                return (line[..i].chars().count() as u16, y);
+            }
+        }
+        panic!("'{needle}' not on screen");
+    };
+    let (x, y) = find("+    let ttl = 60;");
+    assert_eq!(buf[(x, y)].fg, Color::Green, "added lines are green");
+    let (x2, y2) = find("-    let ttl = 30;");
+    assert_eq!(buf[(x2, y2)].fg, Color::Red, "removed lines are red");
+    let (xh, yh) = find("@@ -1,3 +1,3 @@");
+    assert_eq!(buf[(xh, yh)].fg, Color::Cyan, "hunk headers are marked");
+    // The changed word is highlighted within the line.
+    let six = (x + "+    let ttl = ".len() as u16, y);
+    assert!(buf[six].modifier.contains(Modifier::REVERSED), "the changed part stands out");
+    assert!(!buf[(x + 5, y)].modifier.contains(Modifier::REVERSED));
+}
+
+#[test]
+fn screen_answering_a_question() {
+    let mut m = busy();
+    ch(&mut m, 'Q');
+    ch(&mut m, 'a');
+    typed(&mut m, "SQLite");
+    insta::assert_snapshot!(render(&m, 100, 24).backend());
+}
+
+#[test]
+fn screen_help() {
+    let mut m = busy();
+    ch(&mut m, '?');
+    insta::assert_snapshot!(render(&m, 100, 30).backend());
+}
+
+#[test]
+fn screen_80x24_and_tiny_sizes_never_panic() {
+    let m = busy();
+    insta::assert_snapshot!(render(&m, 80, 24).backend());
+    for (w, h) in [(1, 1), (10, 3), (20, 6), (30, 8), (300, 100)] {
+        render(&m, w, h);
+    }
+}
+
+fn queue_task(id: i64) -> queue::Task {
+    let dir = tempfile::tempdir().unwrap();
+    let store = queue::Store::open(dir.path().join("q.db")).unwrap();
+    for i in 0..id {
+        store
+            .submit(queue::TaskSpec::new(
+                format!("Add a cache layer to the API (task {i})"),
+                "/home/me/src/app",
+                "0123456789abcdef0123456789abcdef01234567",
+            ))
+            .unwrap();
+    }
+    let mut t = store.get(TaskId(id)).unwrap();
+    t.title = "Add a cache layer to the API".into();
+    t.created_at = NOW - 600.0;
+    t
+}
