@@ -1,0 +1,133 @@
+//! The TUI as a person uses it: in tmux, with keys sent and the screen read back, against a real
+//! database that a real worker (running the real OpenCode against the mock) fills.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::os::unix::fs::PermissionsExt;
+use std::process::Command;
+use std::time::Duration;
+use support::mock_anthropic::{MockAnthropic, Turn};
+use support::*;
+
+struct Tmux {
+    socket: String,
+}
+
+impl Tmux {
+    fn cmd(&self, args: &[&str]) -> std::process::Output {
+        Command::new("tmux").arg("-L").arg(&self.socket).args(args).output().unwrap()
+    }
+    fn screen(&self) -> String {
+        String::from_utf8_lossy(&self.cmd(&["capture-pane", "-p", "-t", "tb"]).stdout).into_owned()
+    }
+    fn keys(&self, keys: &[&str]) {
+        for k in keys {
+            assert!(self.cmd(&["send-keys", "-t", "tb", k]).status.success());
+            std::thread::sleep(Duration::from_millis(60));
+        }
+    }
+    fn text(&self, s: &str) {
+        assert!(self.cmd(&["send-keys", "-t", "tb", "-l", s]).status.success());
+    }
+    fn wait_for(&self, needle: &str) -> String {
+        let mut last = String::new();
+        let ok = eventually(Duration::from_secs(20), || {
+            last = self.screen();
+            last.contains(needle)
+        });
+        assert!(ok, "'{needle}' never appeared on screen:\n{last}");
+        last
+    }
+    fn alive(&self) -> bool {
+        self.cmd(&["has-session", "-t", "tb"]).status.success()
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = self.cmd(&["kill-server"]);
+    }
+}
+
+#[test]
+fn answer_a_waiting_task_and_cancel_a_running_one_from_the_keyboard() {
+    let env = Env::new();
+    let mock = MockAnthropic::spawn(vec![
+        Turn::text(
+            "One thing first.\n\n```taskbridge-question\nShould the banner be red or blue?\n```",
+        ),
+        Turn::bash("ps -o pgid= $$ | tr -d ' ' > pgid.txt; sleep 300"),
+    ]);
+    let env = env.with_mock(&mock);
+    let id = env.submit(&["Add a banner", "--title", "banner task"]);
+    let mut worker = env.start_worker(1);
+    env.wait_status(id, "waiting", Duration::from_secs(120));
+    worker.terminate();
+
+    // Start the TUI in tmux through a script that carries this test's environment.
+    let script = env.dir.path().join("tui.sh");
+    let mut text = String::from("#!/bin/sh\n");
+    for (k, v) in env.env_vars() {
+        text.push_str(&format!("export {k}='{}'\n", v.replace('\'', "'\\''")));
+    }
+    text.push_str(&format!(
+        "cd '{}'\nexec '{}' tui --no-http --no-worker\n",
+        env.repo.display(),
+        bin().display()
+    ));
+    std::fs::write(&script, text).unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let tmux = Tmux { socket: format!("tb-test-{}", std::process::id()) };
+    let out = tmux.cmd(&[
+        "new-session",
+        "-d",
+        "-s",
+        "tb",
+        "-x",
+        "120",
+        "-y",
+        "30",
+        script.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    let screen = tmux.wait_for("banner task");
+    assert!(screen.contains("waiting"), "{screen}");
+    // The questions pane, then answer in the editor and send with Ctrl-S.
+    tmux.keys(&["Q"]);
+    tmux.wait_for("Should the banner be red or blue?");
+    tmux.keys(&["a"]);
+    tmux.wait_for("Ctrl-S sends");
+    tmux.text("Blue, please.");
+    tmux.keys(&["C-s"]);
+    tmux.wait_for("answered; it resumes its session");
+    let t = env.show(id);
+    assert_eq!(t["status"], "queued", "the task is requeued");
+    assert_eq!(t["questions"][0]["answer"], "Blue, please.", "the answer is stored");
+    tmux.wait_for("queued");
+
+    // A worker resumes it; the agent starts a long command; cancel it with c, y.
+    let _worker = env.start_worker(1);
+    env.wait_status(id, "running", Duration::from_secs(60));
+    let pgid_file = env.worktree(id).join("pgid.txt");
+    assert!(eventually(Duration::from_secs(90), || std::fs::read_to_string(&pgid_file)
+        .is_ok_and(|s| !s.trim().is_empty())));
+    let pgid: i32 = std::fs::read_to_string(&pgid_file).unwrap().trim().parse().unwrap();
+    tmux.wait_for("running");
+    // Tab leaves the questions pane for the queue; g selects the top row.
+    tmux.keys(&["Tab", "g", "c"]);
+    tmux.wait_for(&format!("Cancel task {id}?"));
+    tmux.keys(&["y"]);
+    let t = env.wait_status(id, "cancelled", Duration::from_secs(15));
+    assert_eq!(t["status"], "cancelled");
+    assert!(
+        eventually(Duration::from_secs(5), || !group_alive(pgid)),
+        "the agent's command was stopped"
+    );
+    tmux.wait_for("cancelled");
+
+    // q quits (this TUI runs no worker, so it does not ask) and gives the terminal back.
+    tmux.keys(&["q"]);
+    assert!(eventually(Duration::from_secs(5), || !tmux.alive()), "the TUI exited");
+}
