@@ -3,90 +3,13 @@
 //! queue's public API where a test needs a task to finish or ask.
 #![allow(clippy::unwrap_used)]
 
-use queue::{Home, Outcome, Store, TaskId};
-use rmcp::model::{CallToolRequestParams, CallToolResult};
-use rmcp::service::{RoleClient, RunningService};
-use rmcp::{ServiceError, ServiceExt};
+mod common;
+
+use common::world;
+use queue::{Outcome, TaskId};
 use serde_json::{Value, json};
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::path::Path;
 use std::time::{Duration, Instant};
-use taskbridge_mcp::TaskBridge;
-
-struct World {
-    _dir: tempfile::TempDir,
-    repo: PathBuf,
-    home: Home,
-    store: Arc<Store>,
-    client: RunningService<RoleClient, ()>,
-}
-
-fn git(dir: &Path, args: &[&str]) {
-    let ok = std::process::Command::new("git")
-        .args(args)
-        .current_dir(dir)
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_AUTHOR_NAME", "t")
-        .env("GIT_AUTHOR_EMAIL", "t@t")
-        .env("GIT_COMMITTER_NAME", "t")
-        .env("GIT_COMMITTER_EMAIL", "t@t")
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok);
-}
-
-async fn world() -> World {
-    let dir = tempfile::tempdir().unwrap();
-    let repo = dir.path().join("repo");
-    std::fs::create_dir(&repo).unwrap();
-    git(&repo, &["init", "-q", "-b", "main"]);
-    std::fs::write(repo.join("a.txt"), "a\n").unwrap();
-    git(&repo, &["add", "."]);
-    git(&repo, &["commit", "-qm", "init"]);
-    let home = Home::resolve(Some(dir.path().join("home"))).unwrap();
-    home.ensure().unwrap();
-    let store = Arc::new(Store::open(home.db_path()).unwrap());
-    let server = TaskBridge::new(store.clone(), home.clone(), repo.clone(), None);
-    let (server_io, client_io) = tokio::io::duplex(1 << 20);
-    tokio::spawn(async move {
-        let running = server.serve(server_io).await.unwrap();
-        let _ = running.waiting().await;
-    });
-    let client = ().serve(client_io).await.unwrap();
-    World { repo: repo.canonicalize().unwrap(), _dir: dir, home, store, client }
-}
-
-impl World {
-    async fn raw(&self, tool: &str, args: Value) -> Result<CallToolResult, ServiceError> {
-        let args = args.as_object().cloned().unwrap_or_default();
-        self.client
-            .call_tool(CallToolRequestParams::new(tool.to_owned()).with_arguments(args))
-            .await
-    }
-
-    /// A successful call's structured content; the text content carries the same JSON.
-    async fn call(&self, tool: &str, args: Value) -> Value {
-        let r = self.raw(tool, args).await.unwrap();
-        assert_ne!(r.is_error, Some(true), "{tool} failed: {r:?}");
-        let structured = r.structured_content.clone().unwrap();
-        let text = r.content[0].as_text().unwrap().text.clone();
-        assert_eq!(serde_json::from_str::<Value>(&text).unwrap(), structured);
-        structured
-    }
-
-    /// A refused call: a tool error whose text names the problem.
-    async fn refused(&self, tool: &str, args: Value) -> String {
-        let r = self.raw(tool, args).await.unwrap();
-        assert_eq!(r.is_error, Some(true), "{tool} should have been refused: {r:?}");
-        r.content[0].as_text().unwrap().text.clone()
-    }
-
-    fn task_count(&self) -> usize {
-        self.store.list(&queue::ListFilter::default()).unwrap().len()
-    }
-}
 
 #[tokio::test]
 async fn the_tool_list_matches_the_snapshot() {

@@ -303,9 +303,11 @@ pub enum Outcome {
     Released,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct HeartbeatReply {
     pub cancel_requested: bool,
+    /// The lease's new end, by the database's clock.
+    pub lease_until: f64,
 }
 
 /// A task whose lease expired; the caller kills the agent's process group if it is on this host.

@@ -601,19 +601,16 @@ impl Store {
         let mut conn = self.lock();
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let now = now(&tx)?;
-        let cancel: Option<bool> = tx
+        let reply: Option<HeartbeatReply> = tx
             .query_row(
                 "UPDATE tasks SET lease_until = ?1 + ?2 WHERE id = ?3 AND lease_token = ?4
-                   AND status = 'running' RETURNING cancel_requested",
+                   AND status = 'running' RETURNING cancel_requested, lease_until",
                 params![now, lease.as_secs_f64(), id.0, token],
-                |r| r.get(0),
+                |r| Ok(HeartbeatReply { cancel_requested: r.get(0)?, lease_until: r.get(1)? }),
             )
             .optional()?;
         tx.commit()?;
-        match cancel {
-            Some(cancel_requested) => Ok(HeartbeatReply { cancel_requested }),
-            None => Err(Error::StaleLease { id, token }),
-        }
+        reply.ok_or(Error::StaleLease { id, token })
     }
 
     /// Records facts about the current run (agent process, session, branch) under the lease.

@@ -1,0 +1,142 @@
+//! MCP latency and throughput: `get_task` over stdio and over HTTP, cold start to initialized,
+//! side by side with a Python FastMCP server serving the same read from the same database.
+//!
+//!   cargo bench --bench mcp       full run (2,000 calls per transport)
+//!   cargo test  --bench mcp       small run (50 calls): a smoke test
+//!
+//! Prints `bench=mcp.<server>.<transport> cold_start_ms=.. p50_ms=.. p99_ms=.. calls_per_s=..`
+//! and the ratio against FastMCP. The Python side runs when `.venv` has the `mcp` package
+//! (`.ci/run` installs it); otherwise it is skipped with a line that says so.
+#![allow(clippy::unwrap_used)]
+
+use rmcp::ServiceExt;
+use rmcp::model::CallToolRequestParams;
+use rmcp::service::{RoleClient, RunningService};
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+struct Figures {
+    cold_start_ms: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    per_s: f64,
+}
+
+async fn measure(client: &RunningService<RoleClient, ()>, n: usize) -> (f64, f64, f64) {
+    let args = serde_json::json!({"task_id": 1}).as_object().cloned().unwrap();
+    let mut lat = Vec::with_capacity(n);
+    let start = Instant::now();
+    for _ in 0..n {
+        let t = Instant::now();
+        let r = client
+            .call_tool(CallToolRequestParams::new("get_task").with_arguments(args.clone()))
+            .await
+            .unwrap();
+        assert_ne!(r.is_error, Some(true), "{r:?}");
+        lat.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    let per_s = n as f64 / start.elapsed().as_secs_f64();
+    lat.sort_by(f64::total_cmp);
+    let p = |q: f64| lat[((lat.len() - 1) as f64 * q).round() as usize];
+    (p(0.5), p(0.99), per_s)
+}
+
+async fn stdio(program: &Path, args: &[&str], envs: &[(&str, &Path)], n: usize) -> Figures {
+    let start = Instant::now();
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true);
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let io = (child.stdout.take().unwrap(), child.stdin.take().unwrap());
+    let client = ().serve(io).await.unwrap();
+    let cold_start_ms = start.elapsed().as_secs_f64() * 1000.0;
+    let (p50_ms, p99_ms, per_s) = measure(&client, n).await;
+    let _ = client.cancel().await;
+    let _ = child.kill().await;
+    Figures { cold_start_ms, p50_ms, p99_ms, per_s }
+}
+
+async fn http(home: &Path, n: usize) -> Figures {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let start = Instant::now();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_taskbridge"))
+        .args(["serve", "--no-worker", "--listen", &format!("127.0.0.1:{port}")])
+        .env("TASKBRIDGE_HOME", home)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    while tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err() {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let transport = rmcp::transport::StreamableHttpClientTransport::from_uri(format!(
+        "http://127.0.0.1:{port}/mcp"
+    ));
+    let client = ().serve(transport).await.unwrap();
+    let cold_start_ms = start.elapsed().as_secs_f64() * 1000.0;
+    let (p50_ms, p99_ms, per_s) = measure(&client, n).await;
+    let _ = client.cancel().await;
+    let _ = child.kill().await;
+    Figures { cold_start_ms, p50_ms, p99_ms, per_s }
+}
+
+fn print(name: &str, f: &Figures) {
+    println!(
+        "bench={name} cold_start_ms={:.1} p50_ms={:.3} p99_ms={:.3} calls_per_s={:.0}",
+        f.cold_start_ms, f.p50_ms, f.p99_ms, f.per_s
+    );
+}
+
+#[tokio::main]
+async fn main() {
+    let full = std::env::args().any(|a| a == "--bench");
+    let n = if full { 2000 } else { 50 };
+    let dir = tempfile::tempdir().unwrap();
+    let home = queue::Home::resolve(Some(dir.path().join("home"))).unwrap();
+    home.ensure().unwrap();
+    let store = queue::Store::open(home.db_path()).unwrap();
+    let spec = queue::TaskSpec::new(
+        "Benchmark task: read me",
+        "/tmp/repo",
+        "0123456789abcdef0123456789abcdef01234567",
+    );
+    store.submit(spec).unwrap();
+    store.note(queue::TaskId(1), "a note").unwrap();
+    drop(store);
+
+    let tb = Path::new(env!("CARGO_BIN_EXE_taskbridge"));
+    let rust_stdio =
+        stdio(tb, &["mcp", "--no-worker"], &[("TASKBRIDGE_HOME", home.root())], n).await;
+    print("mcp.taskbridge.stdio", &rust_stdio);
+    let rust_http = http(home.root(), n).await;
+    print("mcp.taskbridge.http", &rust_http);
+
+    let py = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/fastmcp_server.py");
+    let has_sdk = std::process::Command::new(&py)
+        .args(["-c", "import mcp"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !has_sdk {
+        println!("bench=mcp.fastmcp.stdio skipped=no .venv with the mcp package (run .ci/run)");
+        return;
+    }
+    let db = home.db_path();
+    let py_stdio = stdio(&py, &[script.to_str().unwrap(), db.to_str().unwrap()], &[], n).await;
+    print("mcp.fastmcp.stdio", &py_stdio);
+    println!(
+        "bench=mcp.ratio.stdio p50_fastmcp_over_taskbridge={:.1} throughput_taskbridge_over_fastmcp={:.1} cold_start_fastmcp_over_taskbridge={:.1}",
+        py_stdio.p50_ms / rust_stdio.p50_ms,
+        rust_stdio.per_s / py_stdio.per_s,
+        py_stdio.cold_start_ms / rust_stdio.cold_start_ms
+    );
+}

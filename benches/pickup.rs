@@ -1,0 +1,104 @@
+//! Worker pickup latency: submit -> the agent process started, with an idle `taskbridge worker`
+//! in another process and a stand-in agent that only records when it started.
+//!
+//!   cargo bench --bench pickup       full run (1,000 tasks)
+//!   cargo test  --bench pickup       small run (20 tasks): a smoke test
+//!
+//! Prints `bench=worker.pickup n=.. p50_ms=.. p99_ms=.. max_ms=..`. The figure includes the
+//! claim, the git worktree on its own branch, and the spawn of the agent (a shell script that
+//! runs `date`, which adds about a millisecond).
+#![allow(clippy::unwrap_used)]
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+fn now_ns() -> u128 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos()
+}
+
+fn git(dir: &Path, args: &[&str]) {
+    let ok = Command::new("git")
+        .args(args)
+        .current_dir(dir)
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_AUTHOR_NAME", "b")
+        .env("GIT_AUTHOR_EMAIL", "b@b")
+        .env("GIT_COMMITTER_NAME", "b")
+        .env("GIT_COMMITTER_EMAIL", "b@b")
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok);
+}
+
+fn main() {
+    let full = std::env::args().any(|a| a == "--bench");
+    let n = if full { 1000 } else { 20 };
+    let dir = tempfile::tempdir().unwrap();
+    let repo = dir.path().join("repo");
+    std::fs::create_dir(&repo).unwrap();
+    git(&repo, &["init", "-q", "-b", "main"]);
+    std::fs::write(repo.join("a.txt"), "a\n").unwrap();
+    git(&repo, &["add", "."]);
+    git(&repo, &["commit", "-qm", "init"]);
+    let agent_log = dir.path().join("agent.log");
+    let agent = dir.path().join("agent.sh");
+    std::fs::write(
+        &agent,
+        format!("#!/bin/sh\ndate +%s%N >> '{}'\ncat > /dev/null\n", agent_log.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let home = queue::Home::resolve(Some(dir.path().join("home"))).unwrap();
+    home.ensure().unwrap();
+    let store = queue::Store::open(home.db_path()).unwrap();
+
+    let mut worker = Command::new(env!("CARGO_BIN_EXE_taskbridge"))
+        .args(["worker", "--concurrency", "1"])
+        .env("TASKBRIDGE_HOME", home.root())
+        .env("TASKBRIDGE_OPENCODE", &agent)
+        .env("TASKBRIDGE_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Let the worker come up and go idle.
+    std::thread::sleep(Duration::from_millis(500));
+
+    let mut lat = Vec::with_capacity(n);
+    for i in 0..n {
+        let before = std::fs::read_to_string(&agent_log).unwrap_or_default().lines().count();
+        let t0 = now_ns();
+        let (task, _) =
+            worker::submit(&store, &repo, worker::SubmitRequest::new(format!("task {i}"), &repo))
+                .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let started: u128 = loop {
+            let text = std::fs::read_to_string(&agent_log).unwrap_or_default();
+            if let Some(line) = text.lines().nth(before) {
+                break line.trim().parse().unwrap();
+            }
+            assert!(Instant::now() < deadline, "the agent for task {} never started", task.id);
+            std::thread::sleep(Duration::from_micros(200));
+        };
+        lat.push((started.saturating_sub(t0)) as f64 / 1e6);
+        // Wait until the task is finished so the worker is idle when the next one arrives.
+        while !store.get(task.id).unwrap().status.is_terminal() {
+            assert!(Instant::now() < deadline, "task {} never finished", task.id);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let _ = worker.kill();
+    let _ = worker.wait();
+    lat.sort_by(f64::total_cmp);
+    let p = |q: f64| lat[((lat.len() - 1) as f64 * q).round() as usize];
+    println!(
+        "bench=worker.pickup n={n} p50_ms={:.2} p99_ms={:.2} max_ms={:.2}",
+        p(0.5),
+        p(0.99),
+        lat[lat.len() - 1]
+    );
+}
