@@ -1,20 +1,30 @@
 #!/usr/bin/env bash
-# Installs TaskBridge from this checkout (and OpenCode, if it is missing), then starts it.
-#   ./install.sh            ask before installing OpenCode, then start
-#   ./install.sh --yes      answer yes to every question
-#   ./install.sh --no-start install only
+# Installs TaskBridge from this checkout (and OpenCode, if it is missing), registers it with your
+# MCP clients, then starts it.
+#   ./install.sh                      ask each question
+#   ./install.sh --yes                yes to everything: install OpenCode if missing, register
+#                                     Claude Code and Claude Desktop, start the server
+#   --claude-code / --claude-desktop  register that client without asking
+#   --tunnel cloudflare|ngrok         show how to start public-URL mode with that tunnel
+#   --no-start                        install only        --dev   a debug build (faster to build)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 
-yes=0 start=1
-for arg in "$@"; do
-  case "$arg" in
+yes=0 start=1 dev=0 code=ask desktop=ask tunnel=""
+while [ $# -gt 0 ]; do
+  case "$1" in
     -y|--yes) yes=1 ;;
     --no-start) start=0 ;;
-    -h|--help) sed -n '2,5p' "$0"; exit 0 ;;
-    *) echo "install.sh: unknown option '$arg' (see --help)" >&2; exit 2 ;;
+    --dev) dev=1 ;;
+    --claude-code) code=yes ;;
+    --claude-desktop) desktop=yes ;;
+    --tunnel) shift; tunnel="${1:-}" ;;
+    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    *) echo "install.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
+  shift
 done
+case "$tunnel" in ""|cloudflare|ngrok) ;; *) echo "install.sh: --tunnel takes cloudflare or ngrok" >&2; exit 2 ;; esac
 
 ask() {
   [ "$yes" = 1 ] && return 0
@@ -24,8 +34,14 @@ ask() {
 }
 
 command -v cargo >/dev/null || { echo "install.sh: cargo is needed: https://rustup.rs" >&2; exit 1; }
-cargo install --path . --locked
-bin="$(command -v taskbridge || echo "$HOME/.cargo/bin/taskbridge")"
+if [ "$dev" = 1 ]; then
+  cargo install --path . --locked --debug
+else
+  cargo install --path . --locked
+fi
+bin_dir="${CARGO_INSTALL_ROOT:-${CARGO_HOME:-$HOME/.cargo}}/bin"
+bin="$bin_dir/taskbridge"
+[ -x "$bin" ] || bin="$(command -v taskbridge)"
 
 if ! command -v opencode >/dev/null && [ -z "${TASKBRIDGE_OPENCODE:-}" ]; then
   if ask "OpenCode is not installed. Install it now (npm install -g opencode-ai@1.18.33)?"; then
@@ -35,18 +51,29 @@ if ! command -v opencode >/dev/null && [ -z "${TASKBRIDGE_OPENCODE:-}" ]; then
   fi
 fi
 
+if [ "$code" = yes ] || { [ "$code" = ask ] && ask "Register TaskBridge with Claude Code (user scope)?"; }; then
+  "$bin" config claude-code --write
+fi
+if [ "$desktop" = yes ] || { [ "$desktop" = ask ] && ask "Register TaskBridge with Claude Desktop?"; }; then
+  "$bin" config claude-desktop --write
+fi
+if [ -z "$tunnel" ] && [ "$yes" = 0 ] && [ -t 0 ]; then
+  read -r -p "Tunnel for public-URL mode (cloudflare, ngrok, or Enter for none): " tunnel
+fi
+
 cat <<MSG
 
 TaskBridge is installed at $bin.
-Register it with your MCP client:
-  Claude Code:     claude mcp add taskbridge -- $bin mcp
-  Claude Desktop:  add to claude_desktop_config.json:
-                   {"mcpServers": {"taskbridge": {"command": "$bin", "args": ["mcp"]}}}
-  Any HTTP client: $bin serve   (then http://127.0.0.1:8765/mcp)
+  Claude Code, by hand:   $("$bin" config claude-code | sed -n 2p)
+  Any HTTP client:        $bin serve   (then http://127.0.0.1:8765/mcp)
+  The control center:     $bin tui
 MSG
+if [ -n "$tunnel" ]; then
+  echo "  Public URL:             $bin serve --public $tunnel   (prints the URL and the token)"
+fi
 
 if [ "$start" = 1 ]; then
   echo
-  echo "Starting the MCP server and worker on http://127.0.0.1:8765/mcp (Ctrl-C stops it)."
-  exec "$bin" serve
+  echo "Starting the control center (MCP on http://127.0.0.1:8765/mcp, a worker inside; q quits)."
+  exec "$bin" tui
 fi

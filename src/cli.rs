@@ -103,6 +103,19 @@ pub enum Command {
     /// The control center: queue, logs, diffs and questions, with the HTTP MCP server and a
     /// worker running inside.
     Tui(TuiArgs),
+    /// Print (or, with --write, merge) the entry an MCP client needs: claude-desktop, claude-code.
+    Config {
+        client: String,
+        /// Merge it into the client's config file (a backup of the old file is kept).
+        #[arg(long)]
+        write: bool,
+        /// The HTTP endpoint to name for HTTP clients.
+        #[arg(long, default_value = "http://127.0.0.1:8765/mcp")]
+        http_url: String,
+    },
+    /// Run `taskbridge serve` as a user service (systemd on Linux, launchd on macOS):
+    /// install, uninstall or status.
+    Service { action: String },
 }
 
 #[derive(Debug, Args)]
@@ -186,6 +199,13 @@ pub struct ServeArgs {
     /// Answer POSTs with plain JSON instead of an SSE stream (for proxies that buffer SSE).
     #[arg(long)]
     pub json_response: bool,
+    /// Expose the server through a Cloudflare quick tunnel or ngrok (always with a token).
+    #[arg(long, value_enum)]
+    pub public: Option<crate::public::TunnelKind>,
+    /// Only run tasks in repositories under this directory (repeatable; public mode defaults to
+    /// the directory it was started in).
+    #[arg(long = "repo-root", value_name = "DIR")]
+    pub repo_roots: Vec<PathBuf>,
     #[command(flatten)]
     pub worker: EmbeddedWorker,
 }

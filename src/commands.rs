@@ -141,6 +141,10 @@ pub fn run(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode> {
                 }
             }
         }
+        Command::Config { client, write, http_url } => {
+            crate::clients::run(&client, write, ctx.home.root(), &http_url)?
+        }
+        Command::Service { action } => crate::service::service(&action, ctx.home.root())?,
         Command::Worker(_)
         | Command::Mcp { .. }
         | Command::Serve(_)

@@ -2,9 +2,12 @@
 //! the queue, and hands over to the queue, worker, MCP and UI crates.
 
 mod cli;
+mod clients;
 mod commands;
 mod logging;
+mod public;
 mod run;
+mod service;
 
 use anyhow::Context;
 use clap::Parser;

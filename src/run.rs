@@ -96,28 +96,7 @@ pub async fn long_running(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode
             finish_embedded(embedded).await;
             result?;
         }
-        Command::Serve(args) => {
-            let token = read_token(&args.token, &args.token_file)?;
-            let http = mcp::HttpConfig {
-                listen: args.listen.clone(),
-                token,
-                allowed_hosts: args.allowed_hosts.clone(),
-                json_response: args.json_response,
-            };
-            let listener = mcp::bind(&http).await?;
-            let embedded = embedded(&ctx, &args.worker, shutdown.clone())?;
-            let server = mcp::TaskBridge::new(
-                ctx.store.clone(),
-                ctx.home.clone(),
-                ctx.cwd.clone(),
-                embedded.as_ref().map(|e| e.0.clone()),
-            );
-            eprintln!("taskbridge MCP server at http://{}/mcp", listener.local_addr()?);
-            let result = mcp::serve_http(server, listener, http, shutdown.clone()).await;
-            shutdown.cancel();
-            finish_embedded(embedded).await;
-            result?;
-        }
+        Command::Serve(args) => serve(ctx, args, shutdown).await?,
         Command::Tui(args) => tui(ctx, args, shutdown).await?,
         _ => anyhow::bail!("internal: not a long-running command"),
     }
@@ -231,4 +210,97 @@ async fn tui(
         let _ = tokio::time::timeout(std::time::Duration::from_secs(2), t).await;
     }
     result.context("running the terminal UI")
+}
+
+async fn serve(
+    ctx: Ctx,
+    args: crate::cli::ServeArgs,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let mut token = read_token(&args.token, &args.token_file)?;
+    let mut http = mcp::HttpConfig {
+        listen: args.listen.clone(),
+        token: None,
+        allowed_hosts: args.allowed_hosts.clone(),
+        json_response: args.json_response,
+    };
+    let mut roots = args.repo_roots.clone();
+    if args.public.is_some() {
+        // A public server always has a token, runs only in the repositories it was given, and
+        // answers with plain JSON, which survives proxies that buffer event streams.
+        if token.is_none() {
+            let (t, new) = crate::public::token_in_home(ctx.home.root())?;
+            if new {
+                eprintln!(
+                    "a new token was created and kept in {}:",
+                    ctx.home.root().join("public-token").display()
+                );
+                eprintln!("  {t}");
+                eprintln!("it is shown this once; give it to your MCP client");
+            } else {
+                eprintln!(
+                    "using the token kept in {}",
+                    ctx.home.root().join("public-token").display()
+                );
+            }
+            token = Some(t);
+        }
+        if roots.is_empty() {
+            roots.push(ctx.cwd.clone());
+        }
+        http.json_response = true;
+    }
+    http.token = token.clone();
+    let listener = mcp::bind(&http).await?;
+    let addr = listener.local_addr()?;
+    if args.public.is_some() && !addr.ip().is_loopback() {
+        anyhow::bail!(
+            "public mode listens on loopback only (the tunnel connects to it); drop --listen {}",
+            args.listen
+        );
+    }
+    let mut tunnel = None;
+    if let Some(kind) = args.public {
+        let timeout = std::env::var("TASKBRIDGE_TUNNEL_TIMEOUT_S")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map_or(std::time::Duration::from_secs(30), std::time::Duration::from_secs);
+        let t = crate::public::start(kind, addr.port(), timeout).await?;
+        http.allowed_hosts.push(t.host.clone());
+        println!("public MCP endpoint: {}/mcp", t.url);
+        println!(
+            "claude mcp add --transport http taskbridge {}/mcp --header \"Authorization: Bearer $(cat '{}')\"",
+            t.url,
+            ctx.home.root().join("public-token").display()
+        );
+        tunnel = Some(t);
+    }
+    let embedded = embedded(&ctx, &args.worker, shutdown.clone())?;
+    let server = mcp::TaskBridge::new(
+        ctx.store.clone(),
+        ctx.home.clone(),
+        ctx.cwd.clone(),
+        embedded.as_ref().map(|e| e.0.clone()),
+    );
+    if !roots.is_empty() {
+        server.restrict_repos(roots);
+    }
+    eprintln!("taskbridge MCP server at http://{addr}/mcp");
+    let serving = mcp::serve_http(server, listener, http, shutdown.clone());
+    let result = match tunnel.as_mut() {
+        Some(t) => tokio::select! {
+            r = serving => r.map_err(anyhow::Error::from),
+            why = t.exited.recv() => Err(anyhow::anyhow!(
+                "the tunnel stopped ({}); the public URL no longer works, so the server stops too",
+                why.unwrap_or_else(|| "it exited".into())
+            )),
+        },
+        None => serving.await.map_err(anyhow::Error::from),
+    };
+    shutdown.cancel();
+    if let Some(t) = tunnel {
+        t.stop().await;
+    }
+    finish_embedded(embedded).await;
+    result
 }

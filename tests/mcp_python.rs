@@ -118,9 +118,17 @@ fn python_sdk_over_http_with_token_host_and_origin_checks() {
         ],
     );
     server.terminate();
-    // The token never appears in a log.
-    let log = std::fs::read_to_string(env.home.join("logs/taskbridge.log")).unwrap();
-    assert!(!log.contains(token), "the token leaked into the log");
+    // Neither the token nor the API key appears in any file TaskBridge keeps: logs, task logs,
+    // raw events, the database (task records, errors, results).
+    let mut files = 0;
+    for entry in walk(&env.home) {
+        let bytes = std::fs::read(&entry).unwrap();
+        let text = String::from_utf8_lossy(&bytes);
+        assert!(!text.contains(token), "the token leaked into {}", entry.display());
+        assert!(!text.contains(canary_key), "the API key leaked into {}", entry.display());
+        files += 1;
+    }
+    assert!(files >= 4, "the check read the database and the logs");
 }
 
 #[test]
@@ -134,4 +142,19 @@ fn a_non_loopback_listener_without_a_token_is_refused_at_start() {
 
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().map_while(Result::ok) {
+        let p = e.path();
+        if p.is_dir() {
+            if p.file_name().is_some_and(|n| n != "worktrees") {
+                out.extend(walk(&p));
+            }
+        } else {
+            out.push(p);
+        }
+    }
+    out
 }

@@ -5,8 +5,10 @@
 //!
 //! Each benchmark prints one line a script can read: `bench=<name> key=value ...`.
 //! - submit: durable (WAL, synchronous=FULL) submits per second from one process.
-//! - claim4: 4 processes claim-and-finish from one file: claims per second, per-process counts
-//!   (fairness), and the worst wait of a single claim call.
+//! - claim4: 4 processes claim from one file until it is drained: claim transactions per second,
+//!   per-process counts (fairness), and the worst wait of a single claim call.
+//! - cycle4: the same with each claim followed by its completion (two durable transactions per
+//!   task), which is what a worker really does.
 //! - pickup: a consumer process idles on `ChangeWatcher`; the producer submits one task at a time;
 //!   latency = submit started -> claim returned in the consumer, across processes.
 #![allow(clippy::unwrap_used)]
@@ -40,7 +42,7 @@ fn done() -> Outcome {
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     match args.get(1).map(String::as_str) {
-        Some("child-claim") => return child_claim(&args[2]),
+        Some("child-claim") => return child_claim(&args[2], args[3] == "finish"),
         Some("child-pickup") => return child_pickup(&args[2]),
         _ => {}
     }
@@ -49,7 +51,8 @@ fn main() {
     let dir = tempfile::tempdir().unwrap();
     let (submits, claims, pickups) = if full { (2000, 4000, 1000) } else { (100, 200, 50) };
     bench_submit(&dir.path().join("submit.db"), submits);
-    bench_claim4(&dir.path().join("claim.db"), claims);
+    bench_claim4(&dir.path().join("claim.db"), claims, false);
+    bench_claim4(&dir.path().join("cycle.db"), claims, true);
     bench_pickup(&dir.path().join("pickup.db"), pickups);
 }
 
@@ -63,7 +66,7 @@ fn bench_submit(db: &std::path::Path, n: usize) {
     println!("bench=submit n={n} secs={secs:.3} per_s={:.0}", n as f64 / secs);
 }
 
-fn bench_claim4(db: &std::path::Path, n: usize) {
+fn bench_claim4(db: &std::path::Path, n: usize, finish: bool) {
     let store = Store::open(db).unwrap();
     for i in 0..n {
         store.submit(spec(format!("task {i}"))).unwrap();
@@ -102,7 +105,8 @@ fn bench_claim4(db: &std::path::Path, n: usize) {
     let total: usize = counts.iter().sum();
     assert_eq!(total, n, "every task claimed exactly once");
     println!(
-        "bench=claim4 n={n} secs={secs:.3} per_s={:.0} per_process={} p50_ms={:.2} p99_ms={:.2} max_wait_ms={worst_ms:.1}",
+        "bench={} n={n} secs={secs:.3} per_s={:.0} per_process={} p50_ms={:.2} p99_ms={:.2} max_wait_ms={worst_ms:.1}",
+        if finish { "cycle4" } else { "claim4" },
         n as f64 / secs,
         counts.iter().map(|c| c.to_string()).collect::<Vec<_>>().join("/"),
         pct(&waits, 0.5),
@@ -110,7 +114,7 @@ fn bench_claim4(db: &std::path::Path, n: usize) {
     );
 }
 
-fn child_claim(db: &str) {
+fn child_claim(db: &str, finish: bool) {
     let store = Store::open(db).unwrap();
     let me = format!("bench-{}", std::process::id());
     let mut out = std::io::BufWriter::new(std::io::stdout());
@@ -118,7 +122,9 @@ fn child_claim(db: &str) {
         let t = Instant::now();
         let Some(c) = store.claim_next(&me, "host", LEASE).unwrap() else { break };
         writeln!(out, "wait_ms={:.3}", t.elapsed().as_secs_f64() * 1000.0).unwrap();
-        store.finish(c.task.id, c.token, done()).unwrap();
+        if finish {
+            store.finish(c.task.id, c.token, done()).unwrap();
+        }
     }
 }
 

@@ -1146,12 +1146,11 @@ fn end_terminal(
 }
 
 fn load_task(conn: &Connection, id: TaskId) -> Result<Task> {
+    static BY_ID: std::sync::LazyLock<String> =
+        std::sync::LazyLock::new(|| format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?1"));
     let mut task = conn
-        .query_row(
-            &format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?1"),
-            [id.0],
-            task_from_row,
-        )
+        .prepare_cached(&BY_ID)?
+        .query_row([id.0], task_from_row)
         .optional()?
         .ok_or(Error::NotFound(id))?;
     fill_relations(conn, &mut task)?;

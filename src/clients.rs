@@ -1,0 +1,130 @@
+//! `taskbridge config`: the entries MCP clients need, printed, or merged into their files.
+
+use anyhow::{Context, bail};
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+
+fn exe() -> anyhow::Result<PathBuf> {
+    let p = std::env::current_exe().context("finding this executable")?;
+    Ok(p.canonicalize().unwrap_or(p))
+}
+
+fn home_dir() -> anyhow::Result<PathBuf> {
+    std::env::var_os("HOME").map(PathBuf::from).context("HOME is not set")
+}
+
+/// Claude Desktop's config file on this OS.
+pub fn claude_desktop_path() -> anyhow::Result<PathBuf> {
+    if cfg!(target_os = "macos") {
+        return Ok(
+            home_dir()?.join("Library/Application Support/Claude/claude_desktop_config.json")
+        );
+    }
+    if cfg!(windows) {
+        let appdata = std::env::var_os("APPDATA").context("APPDATA is not set")?;
+        return Ok(PathBuf::from(appdata).join("Claude/claude_desktop_config.json"));
+    }
+    // Linux is not officially supported by Claude Desktop; community builds read this path.
+    let config = std::env::var_os("XDG_CONFIG_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .map_or_else(|| home_dir().map(|h| h.join(".config")), Ok)?;
+    Ok(config.join("Claude/claude_desktop_config.json"))
+}
+
+/// The stdio entry: absolute paths, and the home this binary uses.
+fn stdio_entry(home: &Path, with_type: bool) -> anyhow::Result<Value> {
+    let mut v = json!({
+        "command": exe()?.display().to_string(),
+        "args": ["mcp"],
+        "env": {"TASKBRIDGE_HOME": home.display().to_string()},
+    });
+    if with_type {
+        v["type"] = json!("stdio");
+    }
+    Ok(v)
+}
+
+/// Merges `entry` at `mcpServers.<name>` into the JSON file at `path`, keeping every other key.
+/// An existing file is backed up first (`<file>.bak`); the write is atomic (temp file + rename).
+pub fn merge_into(path: &Path, name: &str, entry: Value) -> anyhow::Result<Option<PathBuf>> {
+    let mut doc = match std::fs::read_to_string(path) {
+        Ok(text) if text.trim().is_empty() => json!({}),
+        Ok(text) => serde_json::from_str::<Value>(&text).with_context(|| {
+            format!("{} is not valid JSON; fix or move it, then run again", path.display())
+        })?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => json!({}),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    let Some(obj) = doc.as_object_mut() else {
+        bail!("{} does not hold a JSON object; fix or move it, then run again", path.display());
+    };
+    let servers = obj.entry("mcpServers").or_insert_with(|| json!({}));
+    let Some(servers) = servers.as_object_mut() else {
+        bail!("\"mcpServers\" in {} is not an object", path.display());
+    };
+    servers.insert(name.to_owned(), entry);
+    let backup = if path.exists() {
+        let b = PathBuf::from(format!("{}.bak", path.display()));
+        std::fs::copy(path, &b).with_context(|| format!("backing up {}", path.display()))?;
+        Some(b)
+    } else {
+        None
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let tmp = PathBuf::from(format!("{}.taskbridge-tmp", path.display()));
+    std::fs::write(&tmp, serde_json::to_string_pretty(&doc)? + "\n")
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("replacing {}", path.display()))?;
+    Ok(backup)
+}
+
+pub fn run(client: &str, write: bool, home: &Path, http_url: &str) -> anyhow::Result<()> {
+    match client {
+        "claude-desktop" => {
+            let path = claude_desktop_path()?;
+            let entry = stdio_entry(home, false)?;
+            if write {
+                let backup = merge_into(&path, "taskbridge", entry)?;
+                println!("added \"taskbridge\" to {}", path.display());
+                if let Some(b) = backup {
+                    println!("the previous file is kept as {}", b.display());
+                }
+                println!("restart Claude Desktop to load it");
+            } else {
+                println!("# {} (merge into \"mcpServers\"; --write does it)", path.display());
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&json!({"mcpServers": {"taskbridge": entry}}))?
+                );
+            }
+        }
+        "claude-code" => {
+            let exe = exe()?;
+            if write {
+                let path = home_dir()?.join(".claude.json");
+                let backup = merge_into(&path, "taskbridge", stdio_entry(home, true)?)?;
+                println!("added \"taskbridge\" (user scope) to {}", path.display());
+                if let Some(b) = backup {
+                    println!("the previous file is kept as {}", b.display());
+                }
+            } else {
+                println!("# stdio (the worker runs inside; recommended):");
+                println!(
+                    "claude mcp add -s user -e TASKBRIDGE_HOME='{}' taskbridge -- '{}' mcp",
+                    home.display(),
+                    exe.display()
+                );
+                println!("# or Streamable HTTP, with `taskbridge serve` (or the TUI) running:");
+                println!("claude mcp add --transport http taskbridge {http_url}");
+                println!(
+                    "# add  --header \"Authorization: Bearer $TOKEN\"  when the server has a token"
+                );
+            }
+        }
+        other => bail!("unknown client '{other}'; use claude-desktop or claude-code"),
+    }
+    Ok(())
+}

@@ -1,0 +1,147 @@
+//! `taskbridge service`: run `taskbridge serve` (server and worker) without a terminal, as a
+//! systemd user unit on Linux or a launchd agent on macOS.
+
+use anyhow::{Context, bail};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const UNIT: &str = "taskbridge.service";
+const LABEL: &str = "dev.taskbridge.serve";
+
+fn home_dir() -> anyhow::Result<PathBuf> {
+    std::env::var_os("HOME").map(PathBuf::from).context("HOME is not set")
+}
+
+pub fn unit_path() -> anyhow::Result<PathBuf> {
+    let config = std::env::var_os("XDG_CONFIG_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .map_or_else(|| home_dir().map(|h| h.join(".config")), Ok)?;
+    Ok(config.join("systemd/user").join(UNIT))
+}
+
+fn plist_path() -> anyhow::Result<PathBuf> {
+    Ok(home_dir()?.join("Library/LaunchAgents").join(format!("{LABEL}.plist")))
+}
+
+/// The systemd user unit for `taskbridge serve` with this home.
+pub fn systemd_unit(exe: &Path, home: &Path) -> String {
+    format!(
+        "[Unit]\n\
+         Description=TaskBridge MCP server and worker\n\
+         After=network.target\n\
+         \n\
+         [Service]\n\
+         Type=simple\n\
+         ExecStart=\"{exe}\" --home \"{home}\" serve\n\
+         Restart=on-failure\n\
+         RestartSec=2\n\
+         # Running tasks are handed back to the queue on stop; give the worker time to do it.\n\
+         TimeoutStopSec=15\n\
+         KillMode=mixed\n\
+         \n\
+         [Install]\n\
+         WantedBy=default.target\n",
+        exe = exe.display(),
+        home = home.display()
+    )
+}
+
+pub fn launchd_plist(exe: &Path, home: &Path) -> String {
+    format!(
+        r#"<?xml version="1.0" encoding="UTF-8"?>
+<!DOCTYPE plist PUBLIC "-//Apple//DTD PLIST 1.0//EN" "http://www.apple.com/DTDs/PropertyList-1.0.dtd">
+<plist version="1.0">
+<dict>
+  <key>Label</key><string>{LABEL}</string>
+  <key>ProgramArguments</key>
+  <array><string>{exe}</string><string>--home</string><string>{home}</string><string>serve</string></array>
+  <key>RunAtLoad</key><true/>
+  <key>KeepAlive</key><true/>
+  <key>StandardErrorPath</key><string>{home}/logs/service.err</string>
+</dict>
+</plist>
+"#,
+        exe = exe.display(),
+        home = home.display()
+    )
+}
+
+fn run(cmd: &mut Command) -> bool {
+    cmd.status().is_ok_and(|s| s.success())
+}
+
+pub fn service(action: &str, home: &Path) -> anyhow::Result<()> {
+    let exe = std::env::current_exe().context("finding this executable")?;
+    let exe = exe.canonicalize().unwrap_or(exe);
+    let mac = cfg!(target_os = "macos");
+    match action {
+        "install" => {
+            let (path, text) = if mac {
+                (plist_path()?, launchd_plist(&exe, home))
+            } else {
+                (unit_path()?, systemd_unit(&exe, home))
+            };
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir)
+                    .with_context(|| format!("creating {}", dir.display()))?;
+            }
+            std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+            println!("wrote {}", path.display());
+            let started = if mac {
+                run(Command::new("launchctl").arg("load").arg("-w").arg(&path))
+            } else {
+                run(Command::new("systemctl").args(["--user", "daemon-reload"]))
+                    && run(Command::new("systemctl").args(["--user", "enable", "--now", UNIT]))
+            };
+            if started {
+                println!("the service is running: http://127.0.0.1:8765/mcp");
+            } else if mac {
+                println!("start it with: launchctl load -w {}", path.display());
+            } else {
+                println!(
+                    "start it with: systemctl --user daemon-reload && systemctl --user enable --now {UNIT}"
+                );
+            }
+        }
+        "uninstall" => {
+            let path = if mac { plist_path()? } else { unit_path()? };
+            if mac {
+                run(Command::new("launchctl").arg("unload").arg(&path));
+            } else {
+                run(Command::new("systemctl").args(["--user", "disable", "--now", UNIT]));
+            }
+            match std::fs::remove_file(&path) {
+                Ok(()) => println!("removed {}", path.display()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    println!("no service was installed ({})", path.display())
+                }
+                Err(e) => return Err(e).with_context(|| format!("removing {}", path.display())),
+            }
+            if !mac {
+                run(Command::new("systemctl").args(["--user", "daemon-reload"]));
+            }
+        }
+        "status" => {
+            let path = if mac { plist_path()? } else { unit_path()? };
+            if !path.exists() {
+                println!(
+                    "not installed ({} does not exist); `taskbridge service install` installs it",
+                    path.display()
+                );
+                return Ok(());
+            }
+            println!("installed: {}", path.display());
+            let shown = if mac {
+                run(Command::new("launchctl").args(["list", LABEL]))
+            } else {
+                run(Command::new("systemctl").args(["--user", "--no-pager", "status", UNIT]))
+            };
+            if !shown {
+                println!("(the service manager did not report on it)");
+            }
+        }
+        other => bail!("unknown action '{other}'; use install, uninstall or status"),
+    }
+    Ok(())
+}

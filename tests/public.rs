@@ -1,0 +1,369 @@
+//! Public-URL mode with stand-in `cloudflared` and `ngrok` executables that print what the real
+//! ones print, and the client set-up commands.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+use support::*;
+
+fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, format!("#!/bin/sh\n{body}")).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    p
+}
+
+/// Prints a quick tunnel's banner the way cloudflared 2024.x does (on stderr), then runs on.
+fn fake_cloudflared(dir: &Path, then: &str) -> PathBuf {
+    let pidfile = dir.join("tunnel.pid");
+    script(
+        dir,
+        "cloudflared",
+        &format!(
+            "echo $$ > '{}'\n\
+             echo '2024-06-01T10:00:00Z INF Thank you for trying Cloudflare Tunnel. Doing so, without a Cloudflare account, is a quick way to experiment and try it out.' >&2\n\
+             echo '2024-06-01T10:00:00Z INF Requesting new quick Tunnel on trycloudflare.com...' >&2\n\
+             echo '2024-06-01T10:00:03Z INF +--------------------------------------------------------------------------------------------+' >&2\n\
+             echo '2024-06-01T10:00:03Z INF |  Your quick Tunnel has been created! Visit it at (it may take some time to be reachable):  |' >&2\n\
+             echo '2024-06-01T10:00:03Z INF |  https://four-dashed-word-url.trycloudflare.com                                            |' >&2\n\
+             echo '2024-06-01T10:00:03Z INF +--------------------------------------------------------------------------------------------+' >&2\n\
+             {then}\n",
+            pidfile.display()
+        ),
+    )
+}
+
+fn port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A raw HTTP POST of `initialize`; returns the status code.
+fn post(port: u16, host: &str, token: Option<&str>) -> u16 {
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
+    post_body(port, host, token, body).0
+}
+
+/// A raw HTTP POST; returns the status code and the whole response.
+fn post_body(port: u16, host: &str, token: Option<&str>, body: &str) -> (u16, String) {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
+    write!(
+        s,
+        "POST /mcp HTTP/1.1\r\nHost: {host}\r\n{auth}Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    (resp.split_whitespace().nth(1).unwrap().parse().unwrap(), resp)
+}
+
+fn read_pid(path: &Path) -> i32 {
+    assert!(eventually(Duration::from_secs(10), || path.exists()));
+    std::fs::read_to_string(path).unwrap().trim().parse().unwrap()
+}
+
+fn pid_alive(pid: i32) -> bool {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
+}
+
+/// Starts `serve --public`, waits for the endpoint line, returns the server and that line.
+fn start_public(env: &Env, kind: &str, var: &str, fake: &Path, p: u16) -> (Child, String) {
+    let mut child = Child(
+        env.cmd()
+            .args(["serve", "--public", kind, "--no-worker", "--listen", &format!("127.0.0.1:{p}")])
+            .env(var, fake)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut lines = BufReader::new(child.0.stdout.take().unwrap()).lines();
+    let endpoint = lines.next().unwrap().unwrap();
+    let rest = std::thread::spawn(move || lines.map_while(Result::ok).collect::<Vec<_>>());
+    drop(rest);
+    (child, endpoint)
+}
+
+#[test]
+fn cloudflare_public_mode_checks_host_and_token_and_never_outlives_taskbridge() {
+    let env = Env::new();
+    let fake = fake_cloudflared(env.dir.path(), "exec sleep 300");
+    let p = port();
+    let (mut server, endpoint) =
+        start_public(&env, "cloudflare", "TASKBRIDGE_CLOUDFLARED", &fake, p);
+    assert_eq!(endpoint, "public MCP endpoint: https://four-dashed-word-url.trycloudflare.com/mcp");
+    let token_file = env.home.join("public-token");
+    let token = std::fs::read_to_string(&token_file).unwrap().trim().to_owned();
+    assert_eq!(token.len(), 64, "a 256-bit token, hex");
+    assert_eq!(std::fs::metadata(&token_file).unwrap().permissions().mode() & 0o777, 0o600);
+    assert!(eventually(Duration::from_secs(10), || std::net::TcpStream::connect(("127.0.0.1", p))
+        .is_ok()));
+
+    let tunnel_host = "four-dashed-word-url.trycloudflare.com";
+    assert_eq!(
+        post(p, tunnel_host, Some(&token)),
+        200,
+        "the tunnel's Host with the token is accepted"
+    );
+    assert_eq!(post(p, tunnel_host, None), 401, "no token: 401");
+    assert_eq!(post(p, tunnel_host, Some("wrong")), 401);
+    assert_eq!(post(p, "evil.example", Some(&token)), 403, "another Host: 403");
+
+    let tunnel = read_pid(&env.dir.path().join("tunnel.pid"));
+    assert!(pid_alive(tunnel));
+    let status = server.terminate();
+    assert!(status.success() || status.code().is_some());
+    assert!(
+        eventually(Duration::from_secs(5), || !pid_alive(tunnel)),
+        "the tunnel stopped with TaskBridge"
+    );
+
+    // Even a SIGKILL of TaskBridge takes the tunnel down.
+    std::fs::remove_file(env.dir.path().join("tunnel.pid")).unwrap();
+    let (mut server, _) = start_public(&env, "cloudflare", "TASKBRIDGE_CLOUDFLARED", &fake, port());
+    let tunnel = read_pid(&env.dir.path().join("tunnel.pid"));
+    server.0.kill().unwrap();
+    server.0.wait().unwrap();
+    assert!(
+        eventually(Duration::from_secs(5), || !pid_alive(tunnel)),
+        "the tunnel outlived a killed TaskBridge"
+    );
+}
+
+#[test]
+fn ngrok_json_log_is_read_and_its_host_allowed() {
+    let env = Env::new();
+    let fake = script(
+        env.dir.path(),
+        "ngrok",
+        r#"echo '{"lvl":"info","msg":"no configuration paths supplied","t":"2024-06-01T10:00:00Z"}'
+echo '{"addr":"http://localhost:8765","lvl":"info","msg":"started tunnel","name":"command_line","obj":"tunnels","t":"2024-06-01T10:00:01Z","url":"https://1a2b-3c4d.ngrok-free.app"}'
+exec sleep 300
+"#,
+    );
+    let p = port();
+    let (_server, endpoint) = start_public(&env, "ngrok", "TASKBRIDGE_NGROK", &fake, p);
+    assert_eq!(endpoint, "public MCP endpoint: https://1a2b-3c4d.ngrok-free.app/mcp");
+    let token = std::fs::read_to_string(env.home.join("public-token")).unwrap().trim().to_owned();
+    assert!(eventually(Duration::from_secs(10), || std::net::TcpStream::connect(("127.0.0.1", p))
+        .is_ok()));
+    assert_eq!(post(p, "1a2b-3c4d.ngrok-free.app", Some(&token)), 200);
+    assert_eq!(post(p, "1a2b-3c4d.ngrok-free.app", None), 401);
+    // Plain JSON answers (no event stream), and tasks only in the repositories it was given: by
+    // default the directory it started in.
+    let call = |repo: &str| {
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{{"name":"submit_task","arguments":{{"prompt":"x","repo":"{repo}"}}}}}}"#
+        );
+        post_body(p, "1a2b-3c4d.ngrok-free.app", Some(&token), &body)
+    };
+    let (status, resp) = call("/");
+    assert_eq!(status, 200);
+    assert!(resp.contains("content-type: application/json"), "{resp}");
+    assert!(
+        resp.contains("outside the roots this server may run tasks in")
+            && resp.contains(&env.repo.display().to_string()),
+        "{resp}"
+    );
+    let (_, resp) = call(&env.repo.display().to_string());
+    assert!(resp.contains("\\\"task_id\\\":1"), "{resp}");
+}
+
+#[test]
+fn tunnel_failures_are_reported_plainly() {
+    let env = Env::new();
+    let run = |var: &str, path: &Path, extra: &[(&str, &str)]| {
+        let mut c = env.cmd();
+        c.args([
+            "serve",
+            "--public",
+            "cloudflare",
+            "--no-worker",
+            "--listen",
+            &format!("127.0.0.1:{}", port()),
+        ])
+        .env(var, path);
+        for (k, v) in extra {
+            c.env(k, v);
+        }
+        let out = c.output().unwrap();
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = run("TASKBRIDGE_CLOUDFLARED", Path::new("/nonexistent/cloudflared"), &[]);
+    assert!(err.contains("was not found") && err.contains("install cloudflared"), "{err}");
+    let silent = script(env.dir.path(), "silent", "echo 'INF starting' >&2\nexec sleep 300\n");
+    let err = run("TASKBRIDGE_CLOUDFLARED", &silent, &[("TASKBRIDGE_TUNNEL_TIMEOUT_S", "2")]);
+    assert!(
+        err.contains("printed no public URL within 2 s") && err.contains("INF starting"),
+        "{err}"
+    );
+    let dies = fake_cloudflared(env.dir.path(), "sleep 1; echo 'ERR connection lost' >&2; exit 1");
+    let err = run("TASKBRIDGE_CLOUDFLARED", &dies, &[]);
+    assert!(err.contains("the tunnel stopped"), "{err}");
+}
+
+#[test]
+fn config_writers_merge_without_losing_keys() {
+    let env = Env::new();
+    let xdg = env.dir.path().join("xdg");
+    let desktop = xdg.join("Claude/claude_desktop_config.json");
+    std::fs::create_dir_all(desktop.parent().unwrap()).unwrap();
+    std::fs::write(
+        &desktop,
+        r#"{"preferences": {"theme": "dark"}, "mcpServers": {"other": {"command": "/bin/other"}}}"#,
+    )
+    .unwrap();
+    let printed =
+        env.cmd().args(["config", "claude-desktop"]).env("XDG_CONFIG_HOME", &xdg).output().unwrap();
+    let printed = String::from_utf8_lossy(&printed.stdout);
+    assert!(printed.contains("\"args\": [\n        \"mcp\"\n      ]"), "{printed}");
+    assert_eq!(std::fs::read_to_string(&desktop).unwrap().len(), 86, "printing writes nothing");
+
+    let out = env
+        .cmd()
+        .args(["config", "claude-desktop", "--write"])
+        .env("XDG_CONFIG_HOME", &xdg)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&desktop).unwrap()).unwrap();
+    assert_eq!(v["preferences"]["theme"], "dark");
+    assert_eq!(v["mcpServers"]["other"]["command"], "/bin/other");
+    let entry = &v["mcpServers"]["taskbridge"];
+    assert!(Path::new(entry["command"].as_str().unwrap()).is_absolute());
+    assert_eq!(entry["args"], serde_json::json!(["mcp"]));
+    assert_eq!(entry["env"]["TASKBRIDGE_HOME"], env.home.display().to_string());
+    assert!(
+        PathBuf::from(format!("{}.bak", desktop.display())).exists(),
+        "a backup was written first"
+    );
+
+    // Claude Code's user scope in ~/.claude.json (HOME is the test's).
+    let claude = env.oc_home.join(".claude.json");
+    std::fs::write(&claude, r#"{"numStartups": 3, "projects": {}}"#).unwrap();
+    assert!(env.run(&["config", "claude-code", "--write"]).status.success());
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&claude).unwrap()).unwrap();
+    assert_eq!(v["numStartups"], 3);
+    assert_eq!(v["mcpServers"]["taskbridge"]["type"], "stdio");
+    let lines = env.ok(&["config", "claude-code"]);
+    assert!(
+        lines.contains("claude mcp add -s user")
+            && lines.contains("claude mcp add --transport http"),
+        "{lines}"
+    );
+
+    std::fs::write(&desktop, "not json").unwrap();
+    let out = env
+        .cmd()
+        .args(["config", "claude-desktop", "--write"])
+        .env("XDG_CONFIG_HOME", &xdg)
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is not valid JSON"));
+    assert_eq!(
+        std::fs::read_to_string(&desktop).unwrap(),
+        "not json",
+        "a broken file is left alone"
+    );
+}
+
+#[test]
+fn service_install_writes_a_valid_systemd_unit() {
+    let env = Env::new();
+    let xdg = env.dir.path().join("xdg");
+    // No user systemd here (CI): the unit is written and the way to start it is printed.
+    let out = env
+        .cmd()
+        .args(["service", "install"])
+        .env("XDG_CONFIG_HOME", &xdg)
+        .env("PATH", "/usr/bin:/bin")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let unit = xdg.join("systemd/user/taskbridge.service");
+    let text = std::fs::read_to_string(&unit).unwrap();
+    assert!(text.contains(&format!("--home \"{}\" serve", env.home.display())), "{text}");
+    assert!(text.contains("Restart=on-failure") && text.contains("WantedBy=default.target"));
+    let exec = text.lines().find(|l| l.starts_with("ExecStart=")).unwrap();
+    assert!(exec.contains(&bin().canonicalize().unwrap().display().to_string()), "{exec}");
+    if std::process::Command::new("systemd-analyze")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        let v = std::process::Command::new("systemd-analyze")
+            .args(["verify", "--user"])
+            .arg(&unit)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&v.stderr);
+        assert!(
+            !err.contains(&unit.display().to_string()) || v.status.success(),
+            "systemd-analyze: {err}"
+        );
+    } else {
+        eprintln!("systemd-analyze is not installed: the unit was checked by its contents only");
+    }
+    let status =
+        env.cmd().args(["service", "status"]).env("XDG_CONFIG_HOME", &xdg).output().unwrap();
+    assert!(String::from_utf8_lossy(&status.stdout).contains("installed:"));
+    let out = env
+        .cmd()
+        .args(["service", "uninstall"])
+        .env("XDG_CONFIG_HOME", &xdg)
+        .env("PATH", "/usr/bin:/bin")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(!unit.exists());
+}
+
+#[test]
+fn install_sh_yes_installs_and_registers_in_a_fresh_home() {
+    let env = Env::new();
+    let root = env.dir.path().join("cargo-root");
+    let home = env.dir.path().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let out = std::process::Command::new("bash")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("install.sh"))
+        .args(["--yes", "--no-start", "--dev", "--tunnel", "cloudflare"])
+        .env("HOME", &home)
+        .env("XDG_CONFIG_HOME", home.join(".config"))
+        .env(
+            "CARGO_HOME",
+            std::env::var("CARGO_HOME")
+                .unwrap_or_else(|_| format!("{}/.cargo", std::env::var("HOME").unwrap())),
+        )
+        .env("CARGO_INSTALL_ROOT", &root)
+        // A target directory of its own: installing must not replace the binary other tests run.
+        .env("CARGO_TARGET_DIR", Path::new(env!("CARGO_MANIFEST_DIR")).join("target/install-sh"))
+        .env("TASKBRIDGE_OPENCODE", "/usr/bin/true")
+        .env("TASKBRIDGE_HOME", &env.home)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let installed = root.join("bin/taskbridge");
+    assert!(installed.exists());
+    assert!(
+        stdout.contains(&format!("TaskBridge is installed at {}", installed.display())),
+        "{stdout}"
+    );
+    assert!(stdout.contains("serve --public cloudflare"), "{stdout}");
+    let claude: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(home.join(".claude.json")).unwrap()).unwrap();
+    assert!(
+        claude["mcpServers"]["taskbridge"]["command"].as_str().unwrap().ends_with("bin/taskbridge")
+    );
+    assert!(home.join(".config/Claude/claude_desktop_config.json").exists());
+}
