@@ -86,6 +86,7 @@ fn python_sdk_over_http_with_token_host_and_origin_checks() {
     let env = env.with_mock(&mock);
     let port = free_port();
     let token = "test-token-0123456789abcdef";
+    let canary_key = "sk-ant-canary-7f3a9c1e5b";
     let mut server = Child(
         env.cmd()
             .args([
@@ -97,6 +98,7 @@ fn python_sdk_over_http_with_token_host_and_origin_checks() {
                 "--concurrency",
                 "1",
             ])
+            .env("ANTHROPIC_API_KEY", canary_key)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
