@@ -278,3 +278,21 @@ fn kill_9_of_the_worker_mid_run_is_recovered_on_restart() {
     assert_eq!(t["result"]["summary"], "Finished on the second run.");
     assert_eq!(t["attempts"], 2, "the interrupted attempt counts");
 }
+
+#[test]
+fn stopping_the_worker_hands_running_tasks_back_to_the_queue() {
+    let env = Env::new();
+    let mock = MockAnthropic::spawn(vec![sleeper("pgid.txt")]);
+    let env = env.with_mock(&mock);
+    let id = env.submit(&["Long job"]);
+    let mut worker = env.start_worker(1);
+    let pgid = read_pgid(&env.worktree(id).join("pgid.txt"));
+    // SIGTERM, as the TUI's quit or a service stop does.
+    let status = worker.terminate();
+    assert!(status.success(), "{status:?}");
+    let t = env.show(id);
+    assert_eq!(t["status"], "queued", "the task is back in the queue, not lost");
+    assert_eq!(t["attempts"], 0, "a shutdown does not use an attempt");
+    assert!(eventually(Duration::from_secs(5), || !group_alive(pgid)), "its agent was stopped");
+    assert!(env.log(id).contains("released back to the queue"));
+}

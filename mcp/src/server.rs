@@ -116,6 +116,15 @@ impl TaskBridge {
             .map_err(|e| worker::Error::Join(e.to_string()))?
     }
 
+    /// Runs a short read on the calling thread. Reads go through the store's reader connection,
+    /// which never waits for a writer, so this is cheaper than a hop to the blocking pool.
+    pub(crate) fn read_now<T>(
+        &self,
+        f: impl FnOnce(&Store) -> worker::Result<T>,
+    ) -> worker::Result<T> {
+        f(&self.inner.store)
+    }
+
     /// Maps an error to what the client sees: the caller's mistakes become tool errors it can act
     /// on; infrastructure faults are logged and become internal errors.
     pub(crate) fn fail(&self, e: worker::Error) -> ToolResult {

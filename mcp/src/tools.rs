@@ -384,7 +384,7 @@ impl TaskBridge {
     /// its result without the diff (get_task_result has the diff).
     #[tool(annotations(title = "Get a task", read_only_hint = true))]
     async fn get_task(&self, Parameters(args): Parameters<TaskIdArgs>) -> ToolResult {
-        match self.blocking(move |s| Ok(s.get(TaskId(args.task_id))?)).await {
+        match self.read_now(|s| Ok(s.get(TaskId(args.task_id))?)) {
             Ok(task) => ok(self.task_json(&task, true)),
             Err(e) => self.fail(e),
         }
@@ -396,7 +396,7 @@ impl TaskBridge {
     #[tool(annotations(title = "Get a task's result", read_only_hint = true))]
     async fn get_task_result(&self, Parameters(args): Parameters<GetResultArgs>) -> ToolResult {
         let max = args.max_diff_bytes.unwrap_or(65_536);
-        match self.blocking(move |s| Ok(s.get(TaskId(args.task_id))?)).await {
+        match self.read_now(|s| Ok(s.get(TaskId(args.task_id))?)) {
             Ok(task) => ok(crate::server::result_json(&task, max)),
             Err(e) => self.fail(e),
         }
@@ -468,12 +468,9 @@ impl TaskBridge {
             // the wait is missed.
             changes.borrow_and_update();
             let ids = args.task_ids.clone();
-            let tasks = match self
-                .blocking(move |s| {
-                    ids.iter().map(|&i| Ok(s.get(TaskId(i))?)).collect::<worker::Result<Vec<_>>>()
-                })
-                .await
-            {
+            let tasks = match self.read_now(|s| {
+                ids.iter().map(|&i| Ok(s.get(TaskId(i))?)).collect::<worker::Result<Vec<_>>>()
+            }) {
                 Ok(t) => t,
                 Err(e) => return self.fail(e),
             };
@@ -541,7 +538,7 @@ impl TaskBridge {
         });
         let filter =
             ListFilter { status, repo, limit: Some(limit), offset: args.offset.unwrap_or(0) };
-        match self.blocking(move |s| Ok(s.list(&filter)?)).await {
+        match self.read_now(|s| Ok(s.list(&filter)?)) {
             Ok(tasks) => ok(json!({
                 "tasks": tasks.iter().map(|t| json!({
                     "task_id": t.id.0,
@@ -564,7 +561,7 @@ impl TaskBridge {
     /// Counts per state, the oldest queued task's age, workers and the default model.
     #[tool(annotations(title = "Queue status", read_only_hint = true))]
     async fn queue_status(&self, Parameters(_): Parameters<Empty>) -> ToolResult {
-        match self.blocking(|s| Ok(s.status()?)).await {
+        match self.read_now(|s| Ok(s.status()?)) {
             Ok(st) => ok(st),
             Err(e) => self.fail(e),
         }
@@ -573,7 +570,7 @@ impl TaskBridge {
     /// Each worker: id, pid, host, started, last heartbeat, current tasks, and whether it is stale.
     #[tool(annotations(title = "Worker heartbeats", read_only_hint = true))]
     async fn worker_heartbeat(&self, Parameters(_): Parameters<Empty>) -> ToolResult {
-        match self.blocking(|s| Ok(s.workers()?)).await {
+        match self.read_now(|s| Ok(s.workers()?)) {
             Ok(w) => ok(json!({ "workers": w })),
             Err(e) => self.fail(e),
         }
@@ -682,7 +679,7 @@ impl TaskBridge {
     /// Version, database path and workers alive.
     #[tool(annotations(title = "Ping", read_only_hint = true))]
     async fn ping(&self, Parameters(_): Parameters<Empty>) -> ToolResult {
-        match self.blocking(|s| Ok(s.workers()?)).await {
+        match self.read_now(|s| Ok(s.workers()?)) {
             Ok(workers) => ok(json!({
                 "version": env!("CARGO_PKG_VERSION"),
                 "database": self.store().path().display().to_string(),

@@ -77,7 +77,11 @@ fn bench_claim4(db: &std::path::Path, n: usize, finish: bool) {
     let kids: Vec<_> = (0..4)
         .map(|_| {
             Command::new(&exe)
-                .args(["child-claim", db.to_str().unwrap()])
+                .args([
+                    "child-claim",
+                    db.to_str().unwrap(),
+                    if finish { "finish" } else { "claim" },
+                ])
                 .stdout(Stdio::piped())
                 .spawn()
                 .unwrap()

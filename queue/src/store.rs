@@ -20,6 +20,9 @@ type Listener = Arc<dyn Fn() + Send + Sync>;
 /// serialises on one connection, which is what SQLite does with writers anyway.
 pub struct Store {
     conn: Mutex<Connection>,
+    /// A second connection for reads: in WAL mode readers never wait for a writer, so a read
+    /// (an MCP `get_task`, a TUI refresh) is not queued behind another request's fsync.
+    reader: Mutex<Connection>,
     path: PathBuf,
     listeners: Mutex<Vec<Listener>>,
 }
@@ -241,7 +244,18 @@ impl Store {
             conn.pragma_update(None, "checkpoint_fullfsync", "ON")?;
         }
         migrate(&mut conn)?;
-        Ok(Store { conn: Mutex::new(conn), path, listeners: Mutex::new(Vec::new()) })
+        let mut reader = Connection::open(&path).map_err(|e| Error::Open {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })?;
+        reader.busy_handler(Some(busy_handler))?;
+        reader.pragma_update(None, "query_only", "ON")?;
+        Ok(Store {
+            conn: Mutex::new(conn),
+            reader: Mutex::new(reader),
+            path,
+            listeners: Mutex::new(Vec::new()),
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -283,7 +297,7 @@ impl Store {
     }
 
     fn read<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
-        let conn = self.lock();
+        let conn = self.reader.lock().unwrap_or_else(|e| e.into_inner());
         f(&conn)
     }
 
