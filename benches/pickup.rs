@@ -4,9 +4,10 @@
 //!   cargo bench --bench pickup       full run (1,000 tasks)
 //!   cargo test  --bench pickup       small run (20 tasks): a smoke test
 //!
-//! Prints `bench=worker.pickup n=.. p50_ms=.. p99_ms=.. max_ms=..`. The figure includes the
-//! claim, the git worktree on its own branch, and the spawn of the agent (a shell script that
-//! runs `date`, which adds about a millisecond).
+//! Prints `bench=worker.pickup.<where> n=.. p50_ms=.. p99_ms=.. max_ms=..` for a worker in another
+//! process (woken by the database watch) and one in the submitting process (woken at once). The
+//! figure includes the claim, the git worktree on its own branch, and the spawn of the agent (a
+//! shell script that runs `date`, which adds about a millisecond).
 #![allow(clippy::unwrap_used)]
 
 use std::os::unix::fs::PermissionsExt;
@@ -66,17 +67,37 @@ fn main() {
         .unwrap();
     // Let the worker come up and go idle.
     std::thread::sleep(Duration::from_millis(500));
+    let lat = measure(&store, &repo, &agent_log, n);
+    let _ = worker.kill();
+    let _ = worker.wait();
+    report("cross_process", lat);
 
+    // The same with the worker in this process, sharing the store handle.
+    let store = std::sync::Arc::new(store);
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let cfg =
+        worker::WorkerConfig { concurrency: 1, opencode: agent.clone(), ..Default::default() };
+    let w = worker::Worker::new(store.clone(), home.clone(), cfg);
+    let stop = tokio_util::sync::CancellationToken::new();
+    let handle = rt.spawn(w.run(stop.clone()));
+    std::thread::sleep(Duration::from_millis(500));
+    let lat = measure(&store, &repo, &agent_log, n);
+    stop.cancel();
+    let _ = rt.block_on(handle);
+    report("in_process", lat);
+}
+
+fn measure(store: &queue::Store, repo: &Path, agent_log: &Path, n: usize) -> Vec<f64> {
     let mut lat = Vec::with_capacity(n);
     for i in 0..n {
-        let before = std::fs::read_to_string(&agent_log).unwrap_or_default().lines().count();
+        let before = std::fs::read_to_string(agent_log).unwrap_or_default().lines().count();
         let t0 = now_ns();
         let (task, _) =
-            worker::submit(&store, &repo, worker::SubmitRequest::new(format!("task {i}"), &repo))
+            worker::submit(store, repo, worker::SubmitRequest::new(format!("task {i}"), repo))
                 .unwrap();
         let deadline = Instant::now() + Duration::from_secs(10);
         let started: u128 = loop {
-            let text = std::fs::read_to_string(&agent_log).unwrap_or_default();
+            let text = std::fs::read_to_string(agent_log).unwrap_or_default();
             if let Some(line) = text.lines().nth(before) {
                 break line.trim().parse().unwrap();
             }
@@ -91,12 +112,15 @@ fn main() {
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-    let _ = worker.kill();
-    let _ = worker.wait();
+    lat
+}
+
+fn report(place: &str, mut lat: Vec<f64>) {
     lat.sort_by(f64::total_cmp);
     let p = |q: f64| lat[((lat.len() - 1) as f64 * q).round() as usize];
     println!(
-        "bench=worker.pickup n={n} p50_ms={:.2} p99_ms={:.2} max_ms={:.2}",
+        "bench=worker.pickup.{place} n={} p50_ms={:.2} p99_ms={:.2} max_ms={:.2}",
+        lat.len(),
         p(0.5),
         p(0.99),
         lat[lat.len() - 1]

@@ -296,3 +296,53 @@ fn stopping_the_worker_hands_running_tasks_back_to_the_queue() {
     assert!(eventually(Duration::from_secs(5), || !group_alive(pgid)), "its agent was stopped");
     assert!(env.log(id).contains("released back to the queue"));
 }
+
+#[test]
+fn models_come_from_opencode_and_the_default_is_checked_and_stored() {
+    let env = Env::new();
+    let mock = MockAnthropic::spawn(vec![]);
+    let env = env.with_mock(&mock);
+    let models = env.ok(&["models", "--provider", "anthropic"]);
+    assert!(models.lines().any(|m| m == "anthropic/claude-sonnet-4-5"), "{models}");
+    assert!(models.lines().all(|m| m.starts_with("anthropic/")));
+    let out = env.run(&["models", "--set-default", "anthropic/no-such-model"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("unknown model 'anthropic/no-such-model'")
+    );
+    env.ok(&["models", "--set-default", "anthropic/claude-sonnet-4-5"]);
+    let st: Value = serde_json::from_str(&env.ok(&["status", "--json"])).unwrap();
+    assert_eq!(st["default_model"], "anthropic/claude-sonnet-4-5");
+}
+
+#[test]
+fn repository_setup_commands_run_in_a_new_worktree_before_the_agent() {
+    let env = Env::new();
+    std::fs::write(env.repo.join(".env"), "SECRET=1\n").unwrap();
+    std::fs::write(env.repo.join(".gitignore"), ".env\n").unwrap();
+    std::fs::write(
+        env.repo.join(".taskbridge.toml"),
+        "[setup]\ncommands = [\"cp \\\"$TASKBRIDGE_REPO/.env\\\" .env\", \"echo ready > setup-ran.txt\"]\n",
+    )
+    .unwrap();
+    git(&env.repo, &["add", ".gitignore", ".taskbridge.toml"]);
+    git(&env.repo, &["commit", "-qm", "setup"]);
+    let wt = env.worktree(1);
+    let mock = MockAnthropic::spawn(vec![
+        Turn::bash("cat .env setup-ran.txt > seen.txt"),
+        Turn::text(result_block("Checked the set-up.", &[])),
+    ]);
+    let env = env.with_mock(&mock);
+    let id = env.submit(&["Check the environment", "--keep-worktree"]);
+    let _worker = env.start_worker(1);
+    let t = env.wait_task(id, RUN, |t| ["done", "failed"].contains(&t["status"].as_str().unwrap()));
+    assert_eq!(t["status"], "done", "{t:#}\n{}", env.log(id));
+    assert_eq!(
+        std::fs::read_to_string(wt.join("seen.txt")).unwrap(),
+        "SECRET=1\nready\n",
+        "the agent saw the set-up"
+    );
+    assert!(env.log(id).contains("setup: cp"), "{}", env.log(id));
+    let committed = git_out(&env.repo, &["ls-tree", "-r", "--name-only", "taskbridge/task-1"]);
+    assert!(!committed.contains(".env"), "an ignored file is never committed: {committed}");
+}

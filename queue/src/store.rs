@@ -101,7 +101,7 @@ fn task_from_row(row: &Row<'_>) -> rusqlite::Result<Task> {
 
 /// Current time read inside the transaction, so that it is taken while the write lock is held.
 fn now(conn: &Connection) -> Result<f64> {
-    Ok(conn.query_row("SELECT unixepoch('subsec')", [], |r| r.get(0))?)
+    Ok(conn.prepare_cached("SELECT unixepoch('subsec')")?.query_row([], |r| r.get(0))?)
 }
 
 fn default_title(prompt: &str) -> String {
@@ -571,8 +571,9 @@ impl Store {
     /// id). The lease and the new fencing token are computed inside the same transaction.
     pub fn claim_next(&self, worker: &str, host: &str, lease: Duration) -> Result<Option<Claim>> {
         let claimed = self.write(|tx, now| {
+            // Prepared once per connection: the statement runs while the write lock is held.
             let row: Option<(i64, i64, Option<String>, Option<String>)> = tx
-                .query_row(
+                .prepare_cached(
                     "UPDATE tasks SET status = 'running', worker = ?1, worker_host = ?2,
                         lease_token = lease_token + 1, lease_until = ?3 + ?4,
                         attempts = attempts + (pending_answer IS NULL),
@@ -587,12 +588,13 @@ impl Store {
                                 ON p.id = d.depends_on WHERE d.task_id = t.id AND p.status != 'done')
                          ORDER BY t.priority DESC, t.id ASC LIMIT 1)
                      RETURNING id, lease_token, session_id, pending_answer",
-                    params![worker, host, now, lease.as_secs_f64()],
-                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
-                )
+                )?
+                .query_row(params![worker, host, now, lease.as_secs_f64()], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+                })
                 .optional()?;
             let Some((id, token, session, answer)) = row else { return Ok(None) };
-            let mut stmt = tx.prepare(
+            let mut stmt = tx.prepare_cached(
                 "UPDATE task_notes SET delivered = 1 WHERE task_id = ?1 AND delivered = 0
                  RETURNING note",
             )?;
