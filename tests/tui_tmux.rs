@@ -131,3 +131,41 @@ fn answer_a_waiting_task_and_cancel_a_running_one_from_the_keyboard() {
     tmux.keys(&["q"]);
     assert!(eventually(Duration::from_secs(5), || !tmux.alive()), "the TUI exited");
 }
+
+#[test]
+fn a_port_in_use_is_shown_in_the_header_and_the_tui_still_runs() {
+    let env = Env::new();
+    env.submit(&["Something to show", "--title", "still here"]);
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let script = env.dir.path().join("tui.sh");
+    let mut text = String::from("#!/bin/sh\n");
+    for (k, v) in env.env_vars() {
+        text.push_str(&format!("export {k}='{}'\n", v.replace('\'', "'\\''")));
+    }
+    text.push_str(&format!(
+        "cd '{}'\nexec '{}' tui --no-worker --listen 127.0.0.1:{port}\n",
+        env.repo.display(),
+        bin().display()
+    ));
+    std::fs::write(&script, text).unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let tmux = Tmux { socket: format!("tb-port-{}", std::process::id()) };
+    let out = tmux.cmd(&[
+        "new-session",
+        "-d",
+        "-s",
+        "tb",
+        "-x",
+        "160",
+        "-y",
+        "30",
+        script.to_str().unwrap(),
+    ]);
+    assert!(out.status.success());
+    let screen = tmux.wait_for("still here");
+    assert!(screen.contains("MCP unavailable: cannot listen"), "{screen}");
+    tmux.keys(&["q"]);
+    assert!(eventually(Duration::from_secs(5), || !tmux.alive()));
+    drop(taken);
+}
