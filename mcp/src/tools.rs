@@ -689,8 +689,3 @@ impl TaskBridge {
         }
     }
 }
-
-/// Used by the tool-list snapshot test.
-pub fn tool_names() -> Vec<String> {
-    TaskBridge::tool_router().list_all().into_iter().map(|t| t.name.to_string()).collect()
-}
