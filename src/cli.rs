@@ -184,18 +184,26 @@ pub struct EmbeddedWorker {
     pub concurrency: usize,
 }
 
+/// Where the HTTP MCP server listens and whom it lets in (shared by `serve` and `tui`).
 #[derive(Debug, Args, Clone)]
-pub struct ServeArgs {
+pub struct HttpArgs {
     #[arg(long, default_value = "127.0.0.1:8765")]
     pub listen: String,
     /// Require `Authorization: Bearer <token>`.
     #[arg(long, conflicts_with = "token_file", env = "TASKBRIDGE_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// Read the token from this file.
     #[arg(long)]
     pub token_file: Option<PathBuf>,
     /// Also accept this Host (and Origin host); repeatable.
     #[arg(long = "allowed-host")]
     pub allowed_hosts: Vec<String>,
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub http: HttpArgs,
     /// Answer POSTs with plain JSON instead of an SSE stream (for proxies that buffer SSE).
     #[arg(long)]
     pub json_response: bool,
@@ -212,17 +220,11 @@ pub struct ServeArgs {
 
 #[derive(Debug, Args, Clone)]
 pub struct TuiArgs {
-    #[arg(long, default_value = "127.0.0.1:8765")]
-    pub listen: String,
+    #[command(flatten)]
+    pub http: HttpArgs,
     /// Do not serve MCP over HTTP from the TUI.
     #[arg(long)]
     pub no_http: bool,
-    #[arg(long, conflicts_with = "token_file", env = "TASKBRIDGE_TOKEN", hide_env_values = true)]
-    pub token: Option<String>,
-    #[arg(long)]
-    pub token_file: Option<PathBuf>,
-    #[arg(long = "allowed-host")]
-    pub allowed_hosts: Vec<String>,
     /// Keymap file (default: $XDG_CONFIG_HOME/taskbridge/keymap.toml if it exists).
     #[arg(long)]
     pub keymap: Option<PathBuf>,

@@ -162,7 +162,7 @@ async fn tui(
         None => None,
     };
     let keymap = ui::Keymap::load(user_keymap.as_deref()).map_err(anyhow::Error::msg)?;
-    let token = read_token(&args.token, &args.token_file)?;
+    let token = read_token(&args.http.token, &args.http.token_file)?;
 
     let embedded = embedded(&ctx, &args.worker, shutdown.clone())?;
     let worker = embedded.as_ref().map(|e| e.0.clone());
@@ -170,9 +170,9 @@ async fn tui(
     let mut server_task = None;
     if !args.no_http {
         let http = mcp::HttpConfig {
-            listen: args.listen.clone(),
+            listen: args.http.listen.clone(),
             token: token.clone(),
-            allowed_hosts: args.allowed_hosts.clone(),
+            allowed_hosts: args.http.allowed_hosts.clone(),
             json_response: false,
         };
         match mcp::bind(&http).await {
@@ -217,11 +217,11 @@ async fn serve(
     args: crate::cli::ServeArgs,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let mut token = read_token(&args.token, &args.token_file)?;
+    let mut token = read_token(&args.http.token, &args.http.token_file)?;
     let mut http = mcp::HttpConfig {
-        listen: args.listen.clone(),
+        listen: args.http.listen.clone(),
         token: None,
-        allowed_hosts: args.allowed_hosts.clone(),
+        allowed_hosts: args.http.allowed_hosts.clone(),
         json_response: args.json_response,
     };
     let mut roots = args.repo_roots.clone();
@@ -256,7 +256,7 @@ async fn serve(
     if args.public.is_some() && !addr.ip().is_loopback() {
         anyhow::bail!(
             "public mode listens on loopback only (the tunnel connects to it); drop --listen {}",
-            args.listen
+            args.http.listen
         );
     }
     let mut tunnel = None;

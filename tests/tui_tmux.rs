@@ -44,6 +44,34 @@ impl Tmux {
     }
 }
 
+/// Starts `taskbridge tui ARGS` in a fresh tmux server, through a script that carries this test's
+/// environment.
+fn start_tui(env: &Env, args: &str, width: u32) -> Tmux {
+    let script = env.dir.path().join("tui.sh");
+    let mut text = String::from("#!/bin/sh\n");
+    for (k, v) in env.env_vars() {
+        text.push_str(&format!("export {k}='{}'\n", v.replace('\'', "'\\''")));
+    }
+    text.push_str(&format!("cd '{}'\nexec '{}' tui {args}\n", env.repo.display(), bin().display()));
+    std::fs::write(&script, text).unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let tmux = Tmux { socket: format!("tb-test-{}-{width}", std::process::id()) };
+    let w = width.to_string();
+    let out = tmux.cmd(&[
+        "new-session",
+        "-d",
+        "-s",
+        "tb",
+        "-x",
+        &w,
+        "-y",
+        "30",
+        script.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    tmux
+}
+
 impl Drop for Tmux {
     fn drop(&mut self) {
         let _ = self.cmd(&["kill-server"]);
@@ -65,32 +93,7 @@ fn answer_a_waiting_task_and_cancel_a_running_one_from_the_keyboard() {
     env.wait_status(id, "waiting", Duration::from_secs(120));
     worker.terminate();
 
-    // Start the TUI in tmux through a script that carries this test's environment.
-    let script = env.dir.path().join("tui.sh");
-    let mut text = String::from("#!/bin/sh\n");
-    for (k, v) in env.env_vars() {
-        text.push_str(&format!("export {k}='{}'\n", v.replace('\'', "'\\''")));
-    }
-    text.push_str(&format!(
-        "cd '{}'\nexec '{}' tui --no-http --no-worker\n",
-        env.repo.display(),
-        bin().display()
-    ));
-    std::fs::write(&script, text).unwrap();
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let tmux = Tmux { socket: format!("tb-test-{}", std::process::id()) };
-    let out = tmux.cmd(&[
-        "new-session",
-        "-d",
-        "-s",
-        "tb",
-        "-x",
-        "120",
-        "-y",
-        "30",
-        script.to_str().unwrap(),
-    ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let tmux = start_tui(&env, "--no-http --no-worker", 120);
 
     let screen = tmux.wait_for("banner task");
     assert!(screen.contains("waiting"), "{screen}");
@@ -138,31 +141,7 @@ fn a_port_in_use_is_shown_in_the_header_and_the_tui_still_runs() {
     env.submit(&["Something to show", "--title", "still here"]);
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = taken.local_addr().unwrap().port();
-    let script = env.dir.path().join("tui.sh");
-    let mut text = String::from("#!/bin/sh\n");
-    for (k, v) in env.env_vars() {
-        text.push_str(&format!("export {k}='{}'\n", v.replace('\'', "'\\''")));
-    }
-    text.push_str(&format!(
-        "cd '{}'\nexec '{}' tui --no-worker --listen 127.0.0.1:{port}\n",
-        env.repo.display(),
-        bin().display()
-    ));
-    std::fs::write(&script, text).unwrap();
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let tmux = Tmux { socket: format!("tb-port-{}", std::process::id()) };
-    let out = tmux.cmd(&[
-        "new-session",
-        "-d",
-        "-s",
-        "tb",
-        "-x",
-        "160",
-        "-y",
-        "30",
-        script.to_str().unwrap(),
-    ]);
-    assert!(out.status.success());
+    let tmux = start_tui(&env, &format!("--no-worker --listen 127.0.0.1:{port}"), 160);
     let screen = tmux.wait_for("still here");
     assert!(screen.contains("MCP unavailable: cannot listen"), "{screen}");
     tmux.keys(&["q"]);
