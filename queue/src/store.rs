@@ -531,11 +531,7 @@ impl Store {
                     started_at: r.get(8)?,
                     finished_at: r.get(9)?,
                     question: r.get(10)?,
-                    waiting_on: waiting
-                        .unwrap_or_default()
-                        .split(',')
-                        .filter_map(|s| s.parse().ok().map(TaskId))
-                        .collect(),
+                    waiting_on: id_list(waiting),
                 })
             })?;
             Ok(rows.collect::<Result<Vec<_>, _>>()?)
@@ -1064,11 +1060,7 @@ impl Store {
                     started_at: r.get(3)?,
                     heartbeat_at: r.get(4)?,
                     concurrency: r.get(5)?,
-                    current_tasks: current
-                        .unwrap_or_default()
-                        .split(',')
-                        .filter_map(|s| s.parse().ok().map(TaskId))
-                        .collect(),
+                    current_tasks: id_list(current),
                     stopped,
                     stale: !stopped && silent_for > WORKER_STALE_AFTER_S,
                 })
@@ -1131,6 +1123,11 @@ pub struct RunFacts {
     pub session_id: Option<String>,
     pub branch: Option<String>,
     pub worktree: Option<String>,
+}
+
+/// Task ids from a `group_concat(id)` column (NULL when there are none).
+fn id_list(ids: Option<String>) -> Vec<TaskId> {
+    ids.unwrap_or_default().split(',').filter_map(|s| s.parse().ok().map(TaskId)).collect()
 }
 
 fn get_setting(conn: &Connection, key: &str) -> Result<Option<String>> {
