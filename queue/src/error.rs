@@ -1,3 +1,4 @@
+use crate::jobs::{JobId, JobStatus};
 use crate::model::{TaskId, TaskStatus};
 
 /// Everything that can go wrong in the queue. Messages are written for the person who will read
@@ -8,6 +9,10 @@ pub enum Error {
     NotFound(TaskId),
     #[error("task {id} is {from}; {action} needs a task that is {allowed}")]
     InvalidTransition { id: TaskId, from: TaskStatus, action: &'static str, allowed: &'static str },
+    #[error("job {0} does not exist; claude_submit returns the ids of jobs")]
+    JobNotFound(JobId),
+    #[error("job {id} is {from}; {action} needs a job that is {allowed}")]
+    JobTransition { id: JobId, from: JobStatus, action: &'static str, allowed: &'static str },
     #[error("dependency cycle: {}", fmt_cycle(.0))]
     DependencyCycle(Vec<String>),
     #[error("invalid {field}: {message}")]
@@ -61,6 +66,8 @@ impl Error {
             self,
             Error::NotFound(_)
                 | Error::InvalidTransition { .. }
+                | Error::JobNotFound(_)
+                | Error::JobTransition { .. }
                 | Error::DependencyCycle(_)
                 | Error::Invalid { .. }
         )

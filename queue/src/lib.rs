@@ -2,7 +2,8 @@
 //!
 //! It owns the task model and its state machine ([`model`]), the SQLite store in which every state
 //! transition is one `BEGIN IMMEDIATE` transaction ([`Store`]), the home directory layout with its
-//! private permissions ([`Home`]), and cross-process change notification ([`ChangeWatcher`]).
+//! private permissions ([`Home`]), cross-process change notification ([`ChangeWatcher`]), and the
+//! reverse bridge's Claude jobs ([`jobs`]).
 //!
 //! The database is the only channel between the MCP server, the worker, the TUI and the CLI, so
 //! everything they need to agree on lives here. This crate is synchronous and must not depend on
@@ -10,12 +11,14 @@
 
 pub mod error;
 pub mod home;
+pub mod jobs;
 pub mod model;
 pub mod store;
 pub mod watch;
 
 pub use error::{Error, Result};
 pub use home::Home;
+pub use jobs::{Job, JobId, JobOutcome, JobOwner, JobStatus};
 pub use model::*;
 pub use store::{RunFacts, Store};
 pub use watch::ChangeWatcher;

@@ -9,7 +9,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 /// Ordered, embedded migrations; `PRAGMA user_version` records how many have run.
-const MIGRATIONS: &[&str] = &[include_str!("../migrations/0001_init.sql")];
+const MIGRATIONS: &[&str] = &[
+    include_str!("../migrations/0001_init.sql"),
+    include_str!("../migrations/0002_claude_jobs.sql"),
+];
 
 /// A worker with no heartbeat for this long is reported as stale.
 pub const WORKER_STALE_AFTER_S: f64 = 30.0;
@@ -237,16 +240,28 @@ impl Store {
             message: e.to_string(),
         })?;
         conn.busy_handler(Some(busy_handler))?;
-        // WAL + synchronous=FULL: an acknowledged submit survives power loss, not only a crash.
-        conn.pragma_update(None, "journal_mode", "WAL")?;
-        conn.pragma_update(None, "synchronous", "FULL")?;
-        conn.pragma_update(None, "foreign_keys", "ON")?;
-        conn.pragma_update(None, "journal_size_limit", 64 * 1024 * 1024)?;
-        if cfg!(target_os = "macos") {
-            conn.pragma_update(None, "fullfsync", "ON")?;
-            conn.pragma_update(None, "checkpoint_fullfsync", "ON")?;
+        // Two processes creating the database at once (a worker and a submit, say) can meet
+        // while one switches it to WAL; SQLite reports that as busy without asking the busy
+        // handler, so the set-up is retried here.
+        let mut tries = 0;
+        loop {
+            match prepare(&mut conn) {
+                Err(Error::Sqlite(e))
+                    if tries < 500
+                        && matches!(
+                            e.sqlite_error_code(),
+                            Some(
+                                rusqlite::ErrorCode::DatabaseBusy
+                                    | rusqlite::ErrorCode::DatabaseLocked
+                            )
+                        ) =>
+                {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                other => break other?,
+            }
         }
-        migrate(&mut conn)?;
         let mut reader = Connection::open(&path).map_err(|e| Error::Open {
             path: path.display().to_string(),
             message: e.to_string(),
@@ -277,7 +292,7 @@ impl Store {
         self.conn.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn write<T>(&self, f: impl FnOnce(&Transaction<'_>, f64) -> Result<T>) -> Result<T> {
+    pub(crate) fn write<T>(&self, f: impl FnOnce(&Transaction<'_>, f64) -> Result<T>) -> Result<T> {
         self.write_with(Durability::Full, f)
     }
 
@@ -316,7 +331,7 @@ impl Store {
         Ok(out)
     }
 
-    fn read<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
+    pub(crate) fn read<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
         let conn = self.reader.lock().unwrap_or_else(|e| e.into_inner());
         f(&conn)
     }
@@ -1242,6 +1257,20 @@ fn fill_relations(conn: &Connection, task: &mut Task) -> Result<()> {
         })?
         .collect::<Result<_, _>>()?;
     Ok(())
+}
+
+/// Journal mode, durability and schema: what every connection that writes needs first.
+fn prepare(conn: &mut Connection) -> Result<()> {
+    // WAL + synchronous=FULL: an acknowledged submit survives power loss, not only a crash.
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    conn.pragma_update(None, "foreign_keys", "ON")?;
+    conn.pragma_update(None, "journal_size_limit", 64 * 1024 * 1024)?;
+    if cfg!(target_os = "macos") {
+        conn.pragma_update(None, "fullfsync", "ON")?;
+        conn.pragma_update(None, "checkpoint_fullfsync", "ON")?;
+    }
+    migrate(conn)
 }
 
 fn migrate(conn: &mut Connection) -> Result<()> {

@@ -608,3 +608,126 @@ fn another_process_commit_is_noticed_by_the_watcher() {
     other.submit(spec("from elsewhere")).unwrap();
     rx.recv_timeout(Duration::from_secs(2)).expect("the change was noticed");
 }
+
+#[test]
+fn a_database_from_the_previous_schema_opens_and_keeps_its_tasks() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("q.db");
+    let id = {
+        let store = Store::open(&path).unwrap();
+        store.submit(spec("written by schema 1")).unwrap().0.id
+    };
+    // Schema 1 is schema 2 without the bridge's job table.
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.execute_batch("DROP TABLE claude_jobs; PRAGMA user_version = 1;").unwrap();
+    drop(conn);
+
+    let store = Store::open(&path).unwrap();
+    assert_eq!(store.get(id).unwrap().prompt, "written by schema 1");
+    let job = store.job_submit(&serde_json::json!({"prompt": "hi"}), &owner(1)).unwrap();
+    assert_eq!(store.job(job.id).unwrap().status, JobStatus::Queued);
+}
+
+fn owner(pid: i64) -> JobOwner {
+    JobOwner { host: "host".into(), pid, started: Some("42".into()) }
+}
+
+#[test]
+fn jobs_run_queued_running_done_and_finished_jobs_never_change() {
+    let (_d, store) = open();
+    let req = serde_json::json!({"prompt": "review this plan"});
+    let job = store.job_submit(&req, &owner(7)).unwrap();
+    assert_eq!((job.status, job.request.clone()), (JobStatus::Queued, req));
+    let running = store.job_start(job.id).unwrap().unwrap();
+    assert_eq!(running.status, JobStatus::Running);
+    assert!(running.started_at.is_some());
+    let done = store
+        .job_finish(job.id, JobOutcome::Done(serde_json::json!({"text": "looks good"})))
+        .unwrap()
+        .unwrap();
+    assert_eq!(done.status, JobStatus::Done);
+    assert_eq!(done.result.unwrap()["text"], "looks good");
+
+    let err = store.job_cancel(job.id).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        format!("job {} is done; cancel needs a job that is queued or running", job.id)
+    );
+    assert!(store.job_start(job.id).unwrap().is_none());
+    let err = store.job_finish(job.id, JobOutcome::Failed("late".into())).unwrap_err();
+    assert!(err.to_string().contains("finish needs a job that is running"), "{err}");
+    assert_eq!(store.job(job.id).unwrap().status, JobStatus::Done);
+
+    let err = store.job(JobId(999)).unwrap_err();
+    assert!(err.is_user_error());
+    assert!(err.to_string().contains("job 999 does not exist"), "{err}");
+}
+
+#[test]
+fn a_cancelled_job_keeps_its_state_when_its_runner_reports_late() {
+    let (_d, store) = open();
+    let queued = store.job_submit(&serde_json::json!({}), &owner(7)).unwrap();
+    let running = store.job_submit(&serde_json::json!({}), &owner(7)).unwrap();
+    store.job_start(running.id).unwrap();
+    for id in [queued.id, running.id] {
+        assert_eq!(store.job_cancel(id).unwrap().status, JobStatus::Cancelled);
+    }
+    // The runner of the queued job must not start it; the running one's answer is dropped.
+    assert!(store.job_start(queued.id).unwrap().is_none());
+    let late = store.job_finish(running.id, JobOutcome::Done(serde_json::json!({}))).unwrap();
+    assert!(late.is_none());
+    assert_eq!(store.job(running.id).unwrap().status, JobStatus::Cancelled);
+    let counts = store.job_counts().unwrap();
+    assert_eq!(counts["cancelled"], 2);
+    assert_eq!(counts["running"], 0);
+}
+
+#[test]
+fn jobs_of_a_dead_owner_are_failed_as_interrupted_and_live_ones_are_left_alone() {
+    let (_d, store) = open();
+    let dead = store.job_submit(&serde_json::json!({}), &owner(100)).unwrap();
+    store.job_start(dead.id).unwrap();
+    let dead_queued = store.job_submit(&serde_json::json!({}), &owner(100)).unwrap();
+    let live = store.job_submit(&serde_json::json!({}), &owner(200)).unwrap();
+    store.job_start(live.id).unwrap();
+    let elsewhere = store
+        .job_submit(
+            &serde_json::json!({}),
+            &JobOwner { host: "other".into(), pid: 100, started: None },
+        )
+        .unwrap();
+
+    let ids = store.interrupt_orphaned_jobs("host", |pid, started| {
+        assert_eq!(started, Some("42"));
+        pid == 200
+    });
+    assert_eq!(ids.unwrap(), vec![dead.id, dead_queued.id]);
+    let job = store.job(dead.id).unwrap();
+    assert_eq!(job.status, JobStatus::Failed);
+    assert!(job.error.unwrap().starts_with("interrupted: the bridge process running it (pid 100)"));
+    assert_eq!(store.job(live.id).unwrap().status, JobStatus::Running);
+    assert_eq!(store.job(elsewhere.id).unwrap().status, JobStatus::Queued);
+}
+
+#[test]
+#[ignore = "run as a child process by several_processes_creating_the_database_at_once_all_open_it"]
+fn child_opener() {
+    let Ok(db) = std::env::var("TB_CHILD_DB") else { return };
+    let store = Store::open(db).unwrap();
+    store.submit(spec("opened")).unwrap();
+}
+
+#[test]
+fn several_processes_creating_the_database_at_once_all_open_it() {
+    for _ in 0..10 {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("q.db");
+        let children: Vec<_> = (0..5)
+            .map(|_| child("child_opener", &path).stdout(Stdio::null()).spawn().unwrap())
+            .collect();
+        for mut c in children {
+            assert!(c.wait().unwrap().success(), "a process could not open the new database");
+        }
+        assert_eq!(Store::open(&path).unwrap().list(&ListFilter::default()).unwrap().len(), 5);
+    }
+}
