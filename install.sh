@@ -3,14 +3,17 @@
 # MCP clients, then starts it.
 #   ./install.sh                      ask each question
 #   ./install.sh --yes                yes to everything: install OpenCode if missing, register
-#                                     Claude Code and Claude Desktop, start the server
+#                                     Claude Code, Claude Desktop and OpenCode's reverse bridge,
+#                                     start the server
 #   --claude-code / --claude-desktop  register that client without asking
+#   --opencode                        register the reverse bridge (OpenCode asks Claude) in
+#                                     OpenCode's opencode.json without asking
 #   --tunnel cloudflare|ngrok         show how to start public-URL mode with that tunnel
 #   --no-start                        install only        --dev   a debug build (faster to build)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 
-yes=0 start=1 dev=0 code=ask desktop=ask tunnel=""
+yes=0 start=1 dev=0 code=ask desktop=ask opencode=ask tunnel=""
 while [ $# -gt 0 ]; do
   case "$1" in
     -y|--yes) yes=1 ;;
@@ -18,8 +21,9 @@ while [ $# -gt 0 ]; do
     --dev) dev=1 ;;
     --claude-code) code=yes ;;
     --claude-desktop) desktop=yes ;;
+    --opencode) opencode=yes ;;
     --tunnel) shift; tunnel="${1:-}" ;;
-    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     *) echo "install.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -56,6 +60,9 @@ if [ "$code" = yes ] || { [ "$code" = ask ] && ask "Register TaskBridge with Cla
 fi
 if [ "$desktop" = yes ] || { [ "$desktop" = ask ] && ask "Register TaskBridge with Claude Desktop?"; }; then
   "$bin" config claude-desktop --write
+fi
+if [ "$opencode" = yes ] || { [ "$opencode" = ask ] && ask "Let OpenCode ask Claude (register the reverse bridge in opencode.json)?"; }; then
+  "$bin" config opencode --write
 fi
 if [ -z "$tunnel" ] && [ "$yes" = 0 ] && [ -t 0 ]; then
   read -r -p "Tunnel for public-URL mode (cloudflare, ngrok, or Enter for none): " tunnel

@@ -98,6 +98,8 @@ fn print(name: &str, f: &Figures) {
 
 #[tokio::main]
 async fn main() {
+    // rmcp's HTTP client is a reqwest client, built without a TLS provider of its own.
+    mcp::bridge::install_tls();
     let full = std::env::args().any(|a| a == "--bench");
     let n = if full { 2000 } else { 50 };
     let dir = tempfile::tempdir().unwrap();

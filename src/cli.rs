@@ -103,7 +103,12 @@ pub enum Command {
     /// The control center: queue, logs, diffs and questions, with the HTTP MCP server and a
     /// worker running inside.
     Tui(TuiArgs),
-    /// Print (or, with --write, merge) the entry an MCP client needs: claude-desktop, claude-code.
+    /// The reverse bridge: an MCP server that lets OpenCode (or any MCP client) ask Claude.
+    /// Stdio, or Streamable HTTP with --listen. Uses the Messages API when ANTHROPIC_API_KEY is
+    /// set, else the Claude Code CLI (`claude -p`).
+    ClaudeMcp(ClaudeMcpArgs),
+    /// Print (or, with --write, merge) the entry an MCP client needs: claude-desktop,
+    /// claude-code, or opencode (the reverse bridge, for opencode.json).
     Config {
         client: String,
         /// Merge it into the client's config file (a backup of the old file is kept).
@@ -173,6 +178,9 @@ pub struct WorkerArgs {
     /// Default model when neither the task nor the database names one.
     #[arg(long)]
     pub model: Option<String>,
+    /// Offer the reverse bridge (`claude-mcp`) to every task run, so the agent can ask Claude.
+    #[arg(long)]
+    pub claude_bridge: bool,
 }
 
 #[derive(Debug, Args, Clone)]
@@ -182,6 +190,28 @@ pub struct EmbeddedWorker {
     pub no_worker: bool,
     #[arg(long, default_value_t = 2)]
     pub concurrency: usize,
+    /// Offer the reverse bridge (`claude-mcp`) to every task run, so the agent can ask Claude.
+    #[arg(long)]
+    pub claude_bridge: bool,
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct ClaudeMcpArgs {
+    /// Serve Streamable HTTP at /mcp on this address instead of stdio.
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// Require `Authorization: Bearer <token>` (HTTP).
+    #[arg(long, conflicts_with = "token_file", env = "TASKBRIDGE_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Read the token from this file (HTTP).
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+    /// Also accept this Host (and Origin host); repeatable (HTTP).
+    #[arg(long = "allowed-host")]
+    pub allowed_hosts: Vec<String>,
+    /// The Claude model used when a call names none.
+    #[arg(long, env = "TASKBRIDGE_CLAUDE_MODEL")]
+    pub model: Option<String>,
 }
 
 /// Where the HTTP MCP server listens and whom it lets in (shared by `serve` and `tui`).

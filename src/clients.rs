@@ -45,9 +45,39 @@ fn stdio_entry(home: &Path, with_type: bool) -> anyhow::Result<Value> {
     Ok(v)
 }
 
-/// Merges `entry` at `mcpServers.<name>` into the JSON file at `path`, keeping every other key.
+/// OpenCode's global config file.
+pub fn opencode_config_path() -> anyhow::Result<PathBuf> {
+    let config = std::env::var_os("XDG_CONFIG_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .map_or_else(|| home_dir().map(|h| h.join(".config")), Ok)?;
+    Ok(config.join("opencode/opencode.json"))
+}
+
+/// OpenCode's `mcp` entry for the reverse bridge. The key and base URL come from OpenCode's own
+/// environment at run time (`{env:…}`), so no secret is written to the file.
+fn opencode_entry(home: &Path) -> anyhow::Result<Value> {
+    Ok(json!({
+        "type": "local",
+        "command": [exe()?.display().to_string(), "--home", home.display().to_string(), "claude-mcp"],
+        "environment": {
+            "ANTHROPIC_API_KEY": "{env:ANTHROPIC_API_KEY}",
+            "ANTHROPIC_BASE_URL": "{env:ANTHROPIC_BASE_URL}",
+        },
+        "enabled": true,
+        // OpenCode applies this to every tool call, and a question to Claude can take minutes.
+        "timeout": 300000,
+    }))
+}
+
+/// Merges `entry` at `<section>.<name>` into the JSON file at `path`, keeping every other key.
 /// An existing file is backed up first (`<file>.bak`); the write is atomic (temp file + rename).
-pub fn merge_into(path: &Path, name: &str, entry: Value) -> anyhow::Result<Option<PathBuf>> {
+pub fn merge_into(
+    path: &Path,
+    section: &str,
+    name: &str,
+    entry: Value,
+) -> anyhow::Result<Option<PathBuf>> {
     let mut doc = match std::fs::read_to_string(path) {
         Ok(text) if text.trim().is_empty() => json!({}),
         Ok(text) => serde_json::from_str::<Value>(&text).with_context(|| {
@@ -59,9 +89,9 @@ pub fn merge_into(path: &Path, name: &str, entry: Value) -> anyhow::Result<Optio
     let Some(obj) = doc.as_object_mut() else {
         bail!("{} does not hold a JSON object; fix or move it, then run again", path.display());
     };
-    let servers = obj.entry("mcpServers").or_insert_with(|| json!({}));
+    let servers = obj.entry(section).or_insert_with(|| json!({}));
     let Some(servers) = servers.as_object_mut() else {
-        bail!("\"mcpServers\" in {} is not an object", path.display());
+        bail!("\"{section}\" in {} is not an object", path.display());
     };
     servers.insert(name.to_owned(), entry);
     let backup = if path.exists() {
@@ -87,7 +117,7 @@ pub fn run(client: &str, write: bool, home: &Path, http_url: &str) -> anyhow::Re
             let path = claude_desktop_path()?;
             let entry = stdio_entry(home, false)?;
             if write {
-                let backup = merge_into(&path, "taskbridge", entry)?;
+                let backup = merge_into(&path, "mcpServers", "taskbridge", entry)?;
                 println!("added \"taskbridge\" to {}", path.display());
                 if let Some(b) = backup {
                     println!("the previous file is kept as {}", b.display());
@@ -105,7 +135,8 @@ pub fn run(client: &str, write: bool, home: &Path, http_url: &str) -> anyhow::Re
             let exe = exe()?;
             if write {
                 let path = home_dir()?.join(".claude.json");
-                let backup = merge_into(&path, "taskbridge", stdio_entry(home, true)?)?;
+                let backup =
+                    merge_into(&path, "mcpServers", "taskbridge", stdio_entry(home, true)?)?;
                 println!("added \"taskbridge\" (user scope) to {}", path.display());
                 if let Some(b) = backup {
                     println!("the previous file is kept as {}", b.display());
@@ -124,7 +155,26 @@ pub fn run(client: &str, write: bool, home: &Path, http_url: &str) -> anyhow::Re
                 );
             }
         }
-        other => bail!("unknown client '{other}'; use claude-desktop or claude-code"),
+        "opencode" => {
+            let path = opencode_config_path()?;
+            let entry = opencode_entry(home)?;
+            let name = worker::runner::BRIDGE_MCP_NAME;
+            if write {
+                let backup = merge_into(&path, "mcp", name, entry)?;
+                println!("added the Claude bridge as mcp.{name} to {}", path.display());
+                if let Some(b) = backup {
+                    println!("the previous file is kept as {}", b.display());
+                }
+            } else {
+                println!("# {} (merge into \"mcp\"; --write does it)", path.display());
+                println!("{}", serde_json::to_string_pretty(&json!({"mcp": {name: entry}}))?);
+            }
+            println!(
+                "# the bridge uses ANTHROPIC_API_KEY when OpenCode has it, else the `claude` CLI's \
+                 login; `taskbridge worker --claude-bridge` offers it to TaskBridge's own runs"
+            );
+        }
+        other => bail!("unknown client '{other}'; use claude-desktop, claude-code or opencode"),
     }
     Ok(())
 }

@@ -149,6 +149,7 @@ pub fn run(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode> {
         | Command::Mcp { .. }
         | Command::Serve(_)
         | Command::Tui(_)
+        | Command::ClaudeMcp(_)
         | Command::Models { .. } => unreachable_long_running()?,
     }
     Ok(ExitCode::SUCCESS)

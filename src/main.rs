@@ -35,6 +35,7 @@ fn open(cli: &cli::Cli) -> anyhow::Result<Ctx> {
 
 fn main() -> std::process::ExitCode {
     let cli = cli::Cli::parse();
+    mcp::bridge::install_tls();
     match real_main(cli) {
         Ok(code) => code,
         Err(e) => {
@@ -53,6 +54,7 @@ fn real_main(cli: cli::Cli) -> anyhow::Result<std::process::ExitCode> {
             | cli::Command::Serve(_)
             | cli::Command::Models { .. }
             | cli::Command::Tui(_)
+            | cli::Command::ClaudeMcp(_)
     );
     // The headless worker also logs to stderr; the stdio server must keep stdout clean and logs
     // to its file only (stderr would end up in the client's log, which is fine but noisy).

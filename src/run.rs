@@ -8,11 +8,31 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 use worker::{Worker, WorkerConfig};
 
-fn worker_config(concurrency: usize, once: bool, model: Option<String>) -> WorkerConfig {
+/// The command OpenCode runs to start the reverse bridge on this home and database.
+pub fn bridge_command(ctx: &Ctx) -> anyhow::Result<Vec<String>> {
+    let exe = std::env::current_exe().context("finding this executable")?;
+    Ok(vec![
+        exe.display().to_string(),
+        "--home".into(),
+        ctx.home.root().display().to_string(),
+        "--db".into(),
+        ctx.db_path.display().to_string(),
+        "claude-mcp".into(),
+    ])
+}
+
+fn worker_config(
+    ctx: &Ctx,
+    concurrency: usize,
+    once: bool,
+    model: Option<String>,
+    claude_bridge: bool,
+) -> anyhow::Result<WorkerConfig> {
     let mut cfg = WorkerConfig {
         concurrency: concurrency.max(1),
         once,
         default_model: model,
+        claude_bridge: if claude_bridge { Some(bridge_command(ctx)?) } else { None },
         ..Default::default()
     };
     if let Some(ms) = std::env::var("TASKBRIDGE_RETRY_BASE_MS").ok().and_then(|v| v.parse().ok()) {
@@ -24,7 +44,7 @@ fn worker_config(concurrency: usize, once: bool, model: Option<String>) -> Worke
     if cfg.default_model.is_none() {
         cfg.default_model = std::env::var("TASKBRIDGE_MODEL").ok().filter(|m| !m.is_empty());
     }
-    cfg
+    Ok(cfg)
 }
 
 /// Starts a worker on the runtime; it wakes on commits from other processes too.
@@ -64,7 +84,8 @@ pub async fn long_running(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode
     cancel_on_signal(shutdown.clone());
     match command {
         Command::Worker(args) => {
-            let cfg = worker_config(args.concurrency, args.once, args.model);
+            let cfg =
+                worker_config(&ctx, args.concurrency, args.once, args.model, args.claude_bridge)?;
             let (w, handle, _watcher) = spawn_worker(&ctx, cfg, shutdown)?;
             eprintln!("taskbridge worker {} on {}", w.id(), ctx.db_path.display());
             handle.await.context("worker task")??;
@@ -91,11 +112,13 @@ pub async fn long_running(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode
                 ctx.cwd.clone(),
                 embedded.as_ref().map(|e| e.0.clone()),
             );
-            let result = mcp::serve_stdio(server, shutdown.clone()).await;
+            let result = mcp::serve_stdio(server.clone(), shutdown.clone()).await;
+            server.shutdown();
             shutdown.cancel();
             finish_embedded(embedded).await;
             result?;
         }
+        Command::ClaudeMcp(args) => claude_mcp(ctx, args, shutdown).await?,
         Command::Serve(args) => serve(ctx, args, shutdown).await?,
         Command::Tui(args) => tui(ctx, args, shutdown).await?,
         _ => anyhow::bail!("internal: not a long-running command"),
@@ -113,7 +136,8 @@ fn embedded(
     if emb.no_worker {
         return Ok(None);
     }
-    spawn_worker(ctx, worker_config(emb.concurrency, false, None), shutdown).map(Some)
+    let cfg = worker_config(ctx, emb.concurrency, false, None, emb.claude_bridge)?;
+    spawn_worker(ctx, cfg, shutdown).map(Some)
 }
 
 async fn finish_embedded(embedded: Option<Embedded>) {
@@ -138,6 +162,39 @@ fn read_token(
         ),
         (None, None) => None,
     })
+}
+
+/// The reverse bridge, over stdio or (with --listen) Streamable HTTP.
+async fn claude_mcp(
+    ctx: Ctx,
+    args: crate::cli::ClaudeMcpArgs,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let mut cfg = mcp::bridge::backend::BridgeConfig::from_env();
+    if args.model.is_some() {
+        cfg.default_model = args.model.clone();
+    }
+    let bridge = mcp::ClaudeBridge::new(ctx.store.clone(), &cfg);
+    if let mcp::bridge::backend::Backend::None(reason) = bridge.backend() {
+        // Still serve: claude_status tells the client what is missing.
+        tracing::warn!("{reason}");
+    }
+    let result = match &args.listen {
+        None => mcp::serve_stdio(bridge.clone(), shutdown.clone()).await,
+        Some(listen) => {
+            let http = mcp::HttpConfig {
+                listen: listen.clone(),
+                token: read_token(&args.token, &args.token_file)?,
+                allowed_hosts: args.allowed_hosts.clone(),
+                json_response: false,
+            };
+            let listener = mcp::bind(&http).await?;
+            eprintln!("taskbridge Claude bridge at http://{}/mcp", listener.local_addr()?);
+            mcp::serve_http(bridge.clone(), listener, http, shutdown.clone()).await
+        }
+    };
+    bridge.shutdown();
+    result.map_err(anyhow::Error::from)
 }
 
 /// The control center: the UI in front, the HTTP MCP server and a worker behind it.

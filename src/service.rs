@@ -5,23 +5,14 @@ use anyhow::{Context, bail};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const UNIT: &str = "taskbridge.service";
-const LABEL: &str = "dev.taskbridge.serve";
+use worker::service::{LABEL, UNIT};
 
-fn home_dir() -> anyhow::Result<PathBuf> {
-    std::env::var_os("HOME").map(PathBuf::from).context("HOME is not set")
-}
-
-pub fn unit_path() -> anyhow::Result<PathBuf> {
-    let config = std::env::var_os("XDG_CONFIG_HOME")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .map_or_else(|| home_dir().map(|h| h.join(".config")), Ok)?;
-    Ok(config.join("systemd/user").join(UNIT))
+fn unit_path() -> anyhow::Result<PathBuf> {
+    worker::service::unit_path().context("neither HOME nor XDG_CONFIG_HOME is set")
 }
 
 fn plist_path() -> anyhow::Result<PathBuf> {
-    Ok(home_dir()?.join("Library/LaunchAgents").join(format!("{LABEL}.plist")))
+    worker::service::plist_path().context("HOME is not set")
 }
 
 /// The systemd user unit for `taskbridge serve` with this home.

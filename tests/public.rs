@@ -366,4 +366,68 @@ fn install_sh_yes_installs_and_registers_in_a_fresh_home() {
         claude["mcpServers"]["taskbridge"]["command"].as_str().unwrap().ends_with("bin/taskbridge")
     );
     assert!(home.join(".config/Claude/claude_desktop_config.json").exists());
+    let opencode: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(home.join(".config/opencode/opencode.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(opencode["mcp"]["taskbridge"]["command"][3], "claude-mcp");
+}
+
+#[test]
+fn restart_worker_restarts_the_installed_service_through_its_manager() {
+    let env = Env::new();
+    let xdg = env.dir.path().join("xdg");
+    let unit = xdg.join("systemd/user/taskbridge.service");
+    std::fs::create_dir_all(unit.parent().unwrap()).unwrap();
+    std::fs::write(&unit, "[Service]\nExecStart=/bin/true\n").unwrap();
+    // A stand-in systemctl that records how it was called.
+    let bin_dir = env.dir.path().join("bin");
+    std::fs::create_dir_all(&bin_dir).unwrap();
+    let calls = env.dir.path().join("systemctl.calls");
+    script(&bin_dir, "systemctl", &format!("echo \"$@\" >> '{}'", calls.display()));
+
+    // The service's worker died (kill -9): its row says running, its pid is gone.
+    let mut w = env.start_worker(1);
+    assert!(eventually(Duration::from_secs(10), || env
+        .ok(&["status"])
+        .contains("workers alive: 1")));
+    w.0.kill().unwrap();
+    w.0.wait().unwrap();
+
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        use rmcp::ServiceExt;
+        async fn call(
+            client: &rmcp::service::RunningService<rmcp::service::RoleClient, ()>,
+        ) -> serde_json::Value {
+            let req = rmcp::model::CallToolRequestParams::new("restart_worker")
+                .with_arguments(serde_json::Map::new());
+            client.call_tool(req).await.unwrap().structured_content.unwrap()
+        }
+        let mut cmd = tokio::process::Command::new(bin());
+        cmd.args(["mcp", "--no-worker"])
+            .envs(env.env_vars())
+            .env("PATH", format!("{}:/usr/bin:/bin", bin_dir.display()))
+            .env("XDG_CONFIG_HOME", &xdg)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true);
+        let mut child = cmd.spawn().unwrap();
+        let io = (child.stdout.take().unwrap(), child.stdin.take().unwrap());
+        let client = ().serve(io).await.unwrap();
+
+        let r = call(&client).await;
+        assert_eq!(r["restarted"].as_array().unwrap().len(), 1, "{r}");
+        assert_eq!(r["service"]["manager"], "systemd", "{r}");
+        assert_eq!(r["service"]["restarted"], true, "{r}");
+        let recorded = std::fs::read_to_string(&calls).unwrap();
+        assert_eq!(recorded.trim(), "--user restart taskbridge.service");
+
+        // Without a service, the answer says how to get a worker back.
+        std::fs::remove_file(&unit).unwrap();
+        let r = call(&client).await;
+        assert!(r["service"].is_null(), "{r}");
+        assert!(r["note"].as_str().unwrap().contains("taskbridge service install"), "{r}");
+    });
 }

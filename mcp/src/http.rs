@@ -3,7 +3,6 @@
 //! request body is read.
 
 use crate::error::{Error, Result};
-use crate::server::TaskBridge;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::Next;
@@ -166,12 +165,15 @@ async fn guard(State(g): State<Arc<Guard>>, req: Request, next: Next) -> Respons
 }
 
 /// Serves until `shutdown` is cancelled.
-pub async fn serve_http(
-    server: TaskBridge,
+pub async fn serve_http<S>(
+    server: S,
     listener: TcpListener,
     cfg: HttpConfig,
     shutdown: CancellationToken,
-) -> Result<()> {
+) -> Result<()>
+where
+    S: rmcp::ServerHandler + Clone,
+{
     let mut hosts: Vec<String> = LOOPBACK_HOSTS.iter().map(|h| h.to_string()).collect();
     hosts.extend(cfg.allowed_hosts.iter().map(|h| host_only(h)));
     let rmcp_cfg = StreamableHttpServerConfig::default()

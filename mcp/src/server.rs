@@ -177,6 +177,22 @@ impl TaskBridge {
             .filter(|w| !w.stopped && !w.stale)
             .count();
         let mut started = None;
+        let mut service = None;
+        let mut note = None;
+        if alive == 0 && embedded.is_none() {
+            // This server runs no worker of its own: the one it should have is the installed
+            // service's, so its manager restarts it.
+            match tokio::task::spawn_blocking(worker::service::restart).await.ok().flatten() {
+                Some(Ok(manager)) => service = Some(json!({"manager": manager, "restarted": true})),
+                Some(Err(e)) => service = Some(json!({"restarted": false, "error": e})),
+                None => {
+                    note = Some(
+                        "no worker is alive, this server runs none (--no-worker) and no service \
+                         is installed: start `taskbridge worker`, or `taskbridge service install`",
+                    )
+                }
+            }
+        }
         if alive == 0 && embedded.is_some() {
             let w = Worker::new(
                 self.inner.store.clone(),
@@ -191,6 +207,8 @@ impl TaskBridge {
             "restarted": restarted,
             "requeued_tasks": requeued,
             "started_worker": started,
+            "service": service,
+            "note": note,
             "workers_alive_before": alive,
         }))
     }

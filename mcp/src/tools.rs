@@ -577,7 +577,8 @@ impl TaskBridge {
     }
 
     /// Restart stale or dead workers: their running tasks are requeued (the attempt counts) and,
-    /// when no worker is left alive, this server starts one in process.
+    /// when no worker is left alive, this server starts one in process, or, when it runs none
+    /// itself, restarts the installed `taskbridge service` through systemd or launchd.
     #[tool(annotations(title = "Restart workers", read_only_hint = false))]
     async fn restart_worker(&self, Parameters(_): Parameters<Empty>) -> ToolResult {
         match self.restart_workers().await {

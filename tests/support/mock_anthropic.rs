@@ -47,6 +47,8 @@ pub struct SentUsage {
 #[derive(Default)]
 struct Inner {
     script: VecDeque<Turn>,
+    /// Requests whose last user message contains the needle get this answer, script or not.
+    rules: Vec<(String, Turn)>,
     requests: Vec<Value>,
     headers: Vec<HeaderMap>,
     sent: SentUsage,
@@ -66,11 +68,20 @@ fn sse(events: &[(&str, Value)]) -> String {
 async fn messages(State(m): State<MockAnthropic>, headers: HeaderMap, body: Bytes) -> Response {
     let req: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let model = req.get("model").and_then(Value::as_str).unwrap_or("claude-sonnet-4-5").to_owned();
+    let streaming = req.get("stream").and_then(Value::as_bool) == Some(true);
+    let last_user = last_user_text(&req);
     let turn = {
         let mut s = m.inner.lock().unwrap();
         s.requests.push(req);
         s.headers.push(headers);
-        s.script.pop_front().unwrap_or_else(|| Turn::text("(mock: the script is exhausted)"))
+        let ruled = s.rules.iter().find(|(needle, _)| last_user.contains(needle.as_str()));
+        match ruled {
+            Some((_, turn)) => turn.clone(),
+            None => s
+                .script
+                .pop_front()
+                .unwrap_or_else(|| Turn::text("(mock: the script is exhausted)")),
+        }
     };
     if matches!(turn, Turn::Hang) {
         tokio::time::sleep(std::time::Duration::from_secs(3600)).await;
@@ -99,6 +110,25 @@ async fn messages(State(m): State<MockAnthropic>, headers: HeaderMap, body: Byte
         s.sent.cache_read += cache_read;
         s.sent.cache_write += cache_write;
     }
+    if !streaming {
+        let (content, stop_reason) = match &turn {
+            Turn::Text(text) => (json!([{"type": "text", "text": text}]), "end_turn"),
+            Turn::Tool { name, input } => (
+                json!([{"type": "tool_use", "id": format!("toolu_mock{n}"), "name": name, "input": input}]),
+                "tool_use",
+            ),
+            Turn::Error { .. } | Turn::Hang => unreachable!(),
+        };
+        let body = json!({"id": format!("msg_mock{n}"), "type": "message", "role": "assistant",
+            "model": model, "content": content, "stop_reason": stop_reason, "stop_sequence": null,
+            "usage": {"input_tokens": input, "output_tokens": output,
+                      "cache_read_input_tokens": cache_read, "cache_creation_input_tokens": cache_write}});
+        return (
+            [("content-type", "application/json"), ("request-id", "req_mock")],
+            body.to_string(),
+        )
+            .into_response();
+    }
     let mut events = vec![(
         "message_start",
         json!({"type": "message_start", "message": {"id": format!("msg_mock{n}"), "type": "message",
@@ -126,6 +156,24 @@ async fn messages(State(m): State<MockAnthropic>, headers: HeaderMap, body: Byte
     events.push(("message_stop", json!({"type": "message_stop"})));
     ([("content-type", "text/event-stream"), ("request-id", "req_mock")], sse(&events))
         .into_response()
+}
+
+/// The text of the last user message: a string, or its text blocks joined.
+fn last_user_text(req: &Value) -> String {
+    let Some(msg) =
+        req["messages"].as_array().and_then(|m| m.iter().rev().find(|m| m["role"] == "user"))
+    else {
+        return String::new();
+    };
+    match &msg["content"] {
+        Value::String(s) => s.clone(),
+        Value::Array(blocks) => blocks
+            .iter()
+            .filter_map(|b| b.get("text").and_then(Value::as_str))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => String::new(),
+    }
 }
 
 impl MockAnthropic {
@@ -157,8 +205,18 @@ impl MockAnthropic {
         self.inner.lock().unwrap().script.extend(turns);
     }
 
+    /// Answers every request whose last user message contains `needle` with `turn`, whatever
+    /// the script says: how the mock recognises a question the bridge forwards.
+    pub fn answer_when(&self, needle: &str, turn: Turn) {
+        self.inner.lock().unwrap().rules.push((needle.to_owned(), turn));
+    }
+
     pub fn requests(&self) -> Vec<Value> {
         self.inner.lock().unwrap().requests.clone()
+    }
+
+    pub fn headers(&self) -> Vec<HeaderMap> {
+        self.inner.lock().unwrap().headers.clone()
     }
 
     pub fn sent_usage(&self) -> SentUsage {

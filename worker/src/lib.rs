@@ -2,8 +2,9 @@
 //!
 //! It owns the claim loop and process supervision ([`runner`], [`process`]), git (worktrees,
 //! commits and diffs, [`git`]), reading OpenCode's event stream ([`events`]), the structured
-//! result ([`result`]), task log files ([`logs`]) and the `submit` operation that resolves a
-//! repository before it reaches the queue ([`submit`]).
+//! result ([`result`]), task log files ([`logs`]), the user service that runs a worker without a
+//! terminal ([`service`]) and the `submit` operation that resolves a repository before it reaches
+//! the queue ([`submit`]).
 //!
 //! It depends on `taskbridge-queue` and must not depend on the UI or MCP crates: those sit on top
 //! of it and meet it only through the queue database.
@@ -17,6 +18,7 @@ pub mod models;
 pub mod process;
 pub mod result;
 pub mod runner;
+pub mod service;
 pub mod submit;
 
 pub use error::{Error, Result};

@@ -40,6 +40,9 @@ pub struct WorkerConfig {
     /// Base of the full-jitter exponential backoff between attempts.
     pub retry_base: Duration,
     pub retry_cap: Duration,
+    /// The command that starts the reverse bridge (`taskbridge claude-mcp`); when set, every
+    /// run gets it as an MCP server, so the agent can ask Claude.
+    pub claude_bridge: Option<Vec<String>>,
 }
 
 impl Default for WorkerConfig {
@@ -55,6 +58,7 @@ impl Default for WorkerConfig {
             once: false,
             retry_base: Duration::from_secs(10),
             retry_cap: Duration::from_secs(600),
+            claude_bridge: None,
         }
     }
 }
@@ -430,7 +434,14 @@ impl Worker {
                 notes_section(&new_notes)
             ),
         };
-        let env = vec![("OPENCODE_PERMISSION".to_owned(), permission_json(task))];
+        let mut env = vec![("OPENCODE_PERMISSION".to_owned(), permission_json(task))];
+        if let Some(bridge) = &self.cfg.claude_bridge {
+            let inherited = std::env::var("OPENCODE_CONFIG_CONTENT").ok();
+            env.push((
+                "OPENCODE_CONFIG_CONTENT".to_owned(),
+                with_bridge(inherited.as_deref(), bridge),
+            ));
+        }
         let deadline =
             tokio::time::Instant::now() + Duration::from_secs(task.timeout_s.max(1) as u64);
 
@@ -664,6 +675,27 @@ fn notes_section(notes: &[String]) -> String {
 
 /// OpenCode's permission rules for the task's flags. Nothing may resolve to "ask": headless
 /// OpenCode would reject it and stop (agent-clis.md §1.6).
+/// The name OpenCode knows the bridge by; its tools appear to the model as `taskbridge_claude_ask`
+/// and so on.
+pub const BRIDGE_MCP_NAME: &str = "taskbridge";
+
+/// `OPENCODE_CONFIG_CONTENT` with the bridge added to its `mcp` block. The inherited content (the
+/// user's own per-run config) is kept: OpenCode reads only one such variable.
+pub fn with_bridge(inherited: Option<&str>, command: &[String]) -> String {
+    let mut doc = inherited
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(t).ok())
+        .filter(serde_json::Value::is_object)
+        .unwrap_or_else(|| serde_json::json!({}));
+    // OpenCode applies `timeout` to every call of the server's tools, and a question to Claude
+    // can take minutes.
+    let entry = serde_json::json!({"type": "local", "command": command, "enabled": true, "timeout": 300_000});
+    if !doc["mcp"].is_object() {
+        doc["mcp"] = serde_json::json!({});
+    }
+    doc["mcp"][BRIDGE_MCP_NAME] = entry;
+    doc.to_string()
+}
+
 pub fn permission_json(task: &Task) -> String {
     let mut p = serde_json::Map::new();
     p.insert("external_directory".into(), "deny".into());
