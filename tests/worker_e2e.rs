@@ -279,6 +279,52 @@ fn kill_9_of_the_worker_mid_run_is_recovered_on_restart() {
     assert_eq!(t["attempts"], 2, "the interrupted attempt counts");
 }
 
+/// `taskbridge serve` (server and embedded worker) on a free port; killed when dropped.
+fn start_server(env: &Env) -> Child {
+    let child = env
+        .cmd()
+        .args(["serve", "--listen", "127.0.0.1:0", "--concurrency", "1"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    Child(child)
+}
+
+#[test]
+fn kill_9_of_the_server_mid_task_settles_within_a_second_of_the_restart() {
+    let env = Env::new();
+    let mock = MockAnthropic::spawn(vec![
+        sleeper("pgid.txt"),
+        Turn::text(result_block("Finished after the server crash.", &[])),
+    ]);
+    let env = env.with_mock(&mock);
+    let id = env.submit(&["Survive a server crash"]);
+    let mut server = start_server(&env);
+    let pgid = read_pgid(&env.worktree(id).join("pgid.txt"));
+    let dead_worker = env.show(id)["worker"].as_str().unwrap().to_owned();
+    server.0.kill().unwrap(); // SIGKILL
+    server.0.wait().unwrap();
+    assert!(group_alive(pgid), "the agent outlived its server: an orphan");
+
+    let restarted = std::time::Instant::now();
+    let _server = start_server(&env);
+    // Settled: the orphan is gone and the task left the dead worker (requeued, or already
+    // claimed again by the new one).
+    let settled = eventually(Duration::from_secs(1), || {
+        !group_alive(pgid) && env.show(id)["worker"].as_str() != Some(dead_worker.as_str())
+    });
+    assert!(settled, "not settled 1 s after the restart: {:#}", env.show(id));
+    eprintln!("settled {:?} after the restart", restarted.elapsed());
+    let store = queue::Store::open(env.home.join("taskbridge.db")).unwrap();
+    assert_eq!(store.integrity_check().unwrap(), "ok");
+
+    let t = env.wait_status(id, "done", RUN);
+    assert_eq!(t["result"]["summary"], "Finished after the server crash.");
+    assert_eq!(t["attempts"], 2, "the interrupted attempt counts");
+}
+
 #[test]
 fn stopping_the_worker_hands_running_tasks_back_to_the_queue() {
     let env = Env::new();

@@ -215,8 +215,19 @@ pub fn eventually(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
     cond()
 }
 
+/// Whether any process of the group still runs. A killed process stays a zombie until its
+/// parent reaps it, and an orphan's parent is PID 1, which in a container may reap late: a
+/// zombie has stopped running and does not count.
 pub fn group_alive(pgid: i32) -> bool {
-    nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), None).is_ok()
+    let Ok(dir) = std::fs::read_dir("/proc") else { return false };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok()).any(|pid| {
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+        let Some(close) = stat.rfind(')') else { return false };
+        let mut fields = stat[close + 2..].split_whitespace();
+        let state = fields.next();
+        let group = fields.nth(1).and_then(|g| g.parse::<i32>().ok());
+        group == Some(pgid) && state != Some("Z")
+    })
 }
 
 /// A child process that is killed (SIGKILL) when dropped, so a failing test leaves nothing behind.
