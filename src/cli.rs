@@ -253,8 +253,16 @@ pub struct TuiArgs {
     #[command(flatten)]
     pub http: HttpArgs,
     /// Do not serve MCP over HTTP from the TUI.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "public")]
     pub no_http: bool,
+    /// Expose the TUI's MCP server through a Cloudflare quick tunnel or ngrok (always with a
+    /// token), as `serve --public` does.
+    #[arg(long, value_enum)]
+    pub public: Option<crate::public::TunnelKind>,
+    /// Only run MCP-submitted tasks in repositories under this directory (repeatable; public mode
+    /// defaults to the directory it was started in).
+    #[arg(long = "repo-root", value_name = "DIR")]
+    pub repo_roots: Vec<PathBuf>,
     /// Keymap file (default: $XDG_CONFIG_HOME/taskbridge/keymap.toml if it exists).
     #[arg(long)]
     pub keymap: Option<PathBuf>,

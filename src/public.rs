@@ -195,6 +195,67 @@ pub async fn start(kind: TunnelKind, port: u16, timeout: Duration) -> anyhow::Re
     Ok(Tunnel { url, host, child, exited })
 }
 
+/// What public mode needs before the server binds: a token (the given one, else the one kept in
+/// the home, created and shown once on stderr), the repository roots (default: the directory it
+/// was started in) and plain JSON answers, which survive proxies that buffer event streams.
+pub fn prepare(
+    home: &Path,
+    cwd: &Path,
+    token: &mut Option<String>,
+    roots: &mut Vec<std::path::PathBuf>,
+    http: &mut mcp::HttpConfig,
+) -> anyhow::Result<()> {
+    if token.is_none() {
+        let (t, new) = token_in_home(home)?;
+        let file = home.join("public-token");
+        if new {
+            eprintln!("a new token was created and kept in {}:", file.display());
+            eprintln!("  {t}");
+            eprintln!("it is shown this once; give it to your MCP client");
+        } else {
+            eprintln!("using the token kept in {}", file.display());
+        }
+        *token = Some(t);
+    }
+    if roots.is_empty() {
+        roots.push(cwd.to_path_buf());
+    }
+    http.token = token.clone();
+    http.json_response = true;
+    Ok(())
+}
+
+/// Starts the tunnel to the bound server and lets its host in. The server must listen on
+/// loopback: the tunnel is the only way in from outside.
+pub async fn open(
+    kind: TunnelKind,
+    addr: std::net::SocketAddr,
+    listen: &str,
+    http: &mut mcp::HttpConfig,
+) -> anyhow::Result<Tunnel> {
+    if !addr.ip().is_loopback() {
+        anyhow::bail!(
+            "public mode listens on loopback only (the tunnel connects to it); drop --listen {listen}"
+        );
+    }
+    let timeout = std::env::var("TASKBRIDGE_TUNNEL_TIMEOUT_S")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(Duration::from_secs(30), Duration::from_secs);
+    let t = start(kind, addr.port(), timeout).await?;
+    http.allowed_hosts.push(t.host.clone());
+    Ok(t)
+}
+
+/// The `claude mcp add` line for a public endpoint; the token is read from its file, never
+/// printed here.
+pub fn claude_add_line(url: &str, home: &Path) -> String {
+    format!(
+        "claude mcp add --transport http taskbridge {url}/mcp --header \"Authorization: Bearer $(cat '{}')\"",
+        home.join("public-token").display()
+    )
+}
+
 /// A 256-bit token kept 0600 in the home: created (and shown) once, reused afterwards.
 pub fn token_in_home(home: &Path) -> anyhow::Result<(String, bool)> {
     let path = home.join("public-token");

@@ -219,41 +219,86 @@ async fn tui(
         None => None,
     };
     let keymap = ui::Keymap::load(user_keymap.as_deref()).map_err(anyhow::Error::msg)?;
-    let token = read_token(&args.http.token, &args.http.token_file)?;
+    let mut token = read_token(&args.http.token, &args.http.token_file)?;
+    let mut http = mcp::HttpConfig {
+        listen: args.http.listen.clone(),
+        token: None,
+        allowed_hosts: args.http.allowed_hosts.clone(),
+        json_response: false,
+    };
+    let mut roots = args.repo_roots.clone();
+    if args.public.is_some() {
+        crate::public::prepare(ctx.home.root(), &ctx.cwd, &mut token, &mut roots, &mut http)?;
+    }
+    http.token = token.clone();
 
-    let embedded = embedded(&ctx, &args.worker, shutdown.clone())?;
-    let worker = embedded.as_ref().map(|e| e.0.clone());
     let mut mcp_label = "off (--no-http)".to_owned();
-    let mut server_task = None;
+    let mut listener = None;
+    let mut tunnel = None;
     if !args.no_http {
-        let http = mcp::HttpConfig {
-            listen: args.http.listen.clone(),
-            token: token.clone(),
-            allowed_hosts: args.http.allowed_hosts.clone(),
-            json_response: false,
-        };
         match mcp::bind(&http).await {
-            Ok(listener) => {
-                mcp_label = format!("http://{}/mcp", listener.local_addr()?);
-                let server = mcp::TaskBridge::new(
-                    ctx.store.clone(),
-                    ctx.home.clone(),
-                    ctx.cwd.clone(),
-                    worker.clone(),
-                );
-                server_task =
-                    Some(tokio::spawn(mcp::serve_http(server, listener, http, shutdown.clone())));
+            Ok(l) => {
+                let addr = l.local_addr()?;
+                mcp_label = format!("http://{addr}/mcp");
+                if let Some(kind) = args.public {
+                    // Asked for a public URL: without the tunnel the TUI does not start.
+                    let t = crate::public::open(kind, addr, &args.http.listen, &mut http).await?;
+                    mcp_label = format!(
+                        "{}/mcp (public; token in {})",
+                        t.url,
+                        ctx.home.root().join("public-token").display()
+                    );
+                    tunnel = Some(t);
+                }
+                listener = Some(l);
             }
+            Err(e) if args.public.is_some() => return Err(e.into()),
             // A port in use is shown in the header; the TUI still runs.
             Err(e) => mcp_label = format!("unavailable: {e}"),
         }
     }
+
+    let embedded = embedded(&ctx, &args.worker, shutdown.clone())?;
+    let worker = embedded.as_ref().map(|e| e.0.clone());
+    let server_stop = shutdown.child_token();
+    let server_task = listener.map(|listener| {
+        let server = mcp::TaskBridge::new(
+            ctx.store.clone(),
+            ctx.home.clone(),
+            ctx.cwd.clone(),
+            worker.clone(),
+        );
+        if !roots.is_empty() {
+            server.restrict_repos(roots);
+        }
+        tokio::spawn(mcp::serve_http(server, listener, http, server_stop.clone()))
+    });
+    let (label_tx, label_rx) = tokio::sync::watch::channel(mcp_label);
+    // A tunnel that dies takes the public URL with it: the header says so and the HTTP server
+    // stops, as `serve --public` does; the TUI itself keeps running.
+    let tunnel_task = tunnel.map(|mut t| {
+        let stop = server_stop.clone();
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                why = t.exited.recv() => {
+                    stop.cancel();
+                    let _ = label_tx.send(format!(
+                        "public URL down: the tunnel stopped ({}); MCP over HTTP is off",
+                        why.unwrap_or_else(|| "it exited".into())
+                    ));
+                }
+                _ = shutdown.cancelled() => {}
+            }
+            t.stop().await;
+        })
+    });
     let opts = ui::TuiOptions {
         store: ctx.store.clone(),
         home: ctx.home.clone(),
         cwd: ctx.cwd.clone(),
         keymap,
-        mcp: mcp_label,
+        mcp: label_rx,
         token_set: token.is_some(),
         worker,
     };
@@ -265,6 +310,9 @@ async fn tui(
     }
     if let Some(t) = server_task {
         let _ = tokio::time::timeout(std::time::Duration::from_secs(2), t).await;
+    }
+    if let Some(t) = tunnel_task {
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), t).await;
     }
     result.context("running the terminal UI")
 }
@@ -283,53 +331,16 @@ async fn serve(
     };
     let mut roots = args.repo_roots.clone();
     if args.public.is_some() {
-        // A public server always has a token, runs only in the repositories it was given, and
-        // answers with plain JSON, which survives proxies that buffer event streams.
-        if token.is_none() {
-            let (t, new) = crate::public::token_in_home(ctx.home.root())?;
-            if new {
-                eprintln!(
-                    "a new token was created and kept in {}:",
-                    ctx.home.root().join("public-token").display()
-                );
-                eprintln!("  {t}");
-                eprintln!("it is shown this once; give it to your MCP client");
-            } else {
-                eprintln!(
-                    "using the token kept in {}",
-                    ctx.home.root().join("public-token").display()
-                );
-            }
-            token = Some(t);
-        }
-        if roots.is_empty() {
-            roots.push(ctx.cwd.clone());
-        }
-        http.json_response = true;
+        crate::public::prepare(ctx.home.root(), &ctx.cwd, &mut token, &mut roots, &mut http)?;
     }
     http.token = token.clone();
     let listener = mcp::bind(&http).await?;
     let addr = listener.local_addr()?;
-    if args.public.is_some() && !addr.ip().is_loopback() {
-        anyhow::bail!(
-            "public mode listens on loopback only (the tunnel connects to it); drop --listen {}",
-            args.http.listen
-        );
-    }
     let mut tunnel = None;
     if let Some(kind) = args.public {
-        let timeout = std::env::var("TASKBRIDGE_TUNNEL_TIMEOUT_S")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .map_or(std::time::Duration::from_secs(30), std::time::Duration::from_secs);
-        let t = crate::public::start(kind, addr.port(), timeout).await?;
-        http.allowed_hosts.push(t.host.clone());
+        let t = crate::public::open(kind, addr, &args.http.listen, &mut http).await?;
         println!("public MCP endpoint: {}/mcp", t.url);
-        println!(
-            "claude mcp add --transport http taskbridge {}/mcp --header \"Authorization: Bearer $(cat '{}')\"",
-            t.url,
-            ctx.home.root().join("public-token").display()
-        );
+        println!("{}", crate::public::claude_add_line(&t.url, ctx.home.root()));
         tunnel = Some(t);
     }
     let embedded = embedded(&ctx, &args.worker, shutdown.clone())?;

@@ -47,9 +47,14 @@ impl Tmux {
 /// Starts `taskbridge tui ARGS` in a fresh tmux server, through a script that carries this test's
 /// environment.
 fn start_tui(env: &Env, args: &str, width: u32) -> Tmux {
-    let script = env.dir.path().join("tui.sh");
+    start_tui_with(env, args, width, &[])
+}
+
+fn start_tui_with(env: &Env, args: &str, width: u32, extra: &[(&str, &str)]) -> Tmux {
+    let script = env.dir.path().join(format!("tui-{width}.sh"));
     let mut text = String::from("#!/bin/sh\n");
-    for (k, v) in env.env_vars() {
+    let extra = extra.iter().map(|(k, v)| (k.to_string(), v.to_string()));
+    for (k, v) in env.env_vars().into_iter().chain(extra) {
         text.push_str(&format!("export {k}='{}'\n", v.replace('\'', "'\\''")));
     }
     text.push_str(&format!("cd '{}'\nexec '{}' tui {args}\n", env.repo.display(), bin().display()));
@@ -147,4 +152,53 @@ fn a_port_in_use_is_shown_in_the_header_and_the_tui_still_runs() {
     tmux.keys(&["q"]);
     assert!(eventually(Duration::from_secs(5), || !tmux.alive()));
     drop(taken);
+}
+
+#[test]
+fn public_mode_in_the_tui_shows_the_url_guards_it_and_reports_a_dead_tunnel() {
+    let env = Env::new();
+    let tools = env.dir.path().join("tunnel");
+    std::fs::create_dir_all(&tools).unwrap();
+    let fake = fake_cloudflared(&tools, "exec sleep 600");
+    let fake = fake.to_str().unwrap();
+    let host = "four-dashed-word-url.trycloudflare.com";
+
+    // Quitting the TUI stops the tunnel.
+    let p = port();
+    let args = format!("--public cloudflare --no-worker --listen 127.0.0.1:{p}");
+    let tmux = start_tui_with(&env, &args, 200, &[("TASKBRIDGE_CLOUDFLARED", fake)]);
+    let screen = tmux.wait_for(&format!("https://{host}/mcp (public"));
+    assert!(screen.contains("public-token"), "{screen}");
+    let token = std::fs::read_to_string(env.home.join("public-token")).unwrap();
+    let token = token.trim();
+    assert_eq!(post(p, host, Some(token)), 200, "the tunnel's host with the token");
+    assert_eq!(post(p, host, None), 401, "no token");
+    assert_eq!(post(p, "evil.example", Some(token)), 403, "another host");
+    let tunnel = read_pid(&tools.join("tunnel.pid"));
+    assert!(pid_alive(tunnel));
+    tmux.keys(&["q"]);
+    assert!(eventually(Duration::from_secs(10), || !tmux.alive()));
+    assert!(
+        eventually(Duration::from_secs(5), || !pid_alive(tunnel)),
+        "the tunnel outlived the TUI"
+    );
+
+    // A tunnel that dies takes the public URL with it, and the header says so.
+    std::fs::remove_file(tools.join("tunnel.pid")).unwrap();
+    let p = port();
+    let args = format!("--public cloudflare --no-worker --listen 127.0.0.1:{p}");
+    let tmux = start_tui_with(&env, &args, 201, &[("TASKBRIDGE_CLOUDFLARED", fake)]);
+    tmux.wait_for("(public");
+    let tunnel = read_pid(&tools.join("tunnel.pid"));
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(tunnel), nix::sys::signal::Signal::SIGKILL)
+        .unwrap();
+    tmux.wait_for("public URL down: the tunnel stopped");
+    assert!(
+        eventually(Duration::from_secs(5), || std::net::TcpStream::connect(("127.0.0.1", p))
+            .is_err()),
+        "the HTTP server stopped with its tunnel"
+    );
+    assert!(tmux.alive(), "the TUI itself keeps running");
+    tmux.keys(&["q"]);
+    assert!(eventually(Duration::from_secs(10), || !tmux.alive()));
 }

@@ -5,6 +5,8 @@
 pub mod mock_anthropic;
 
 use serde_json::Value;
+use std::io::{Read, Write};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -252,4 +254,67 @@ impl Drop for Child {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+// ---- public mode: stand-in tunnels and raw HTTP ------------------------------------------
+
+pub fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, format!("#!/bin/sh\n{body}")).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    p
+}
+
+/// Prints a quick tunnel's banner the way cloudflared 2024.x does (on stderr), then runs on.
+pub fn fake_cloudflared(dir: &Path, then: &str) -> PathBuf {
+    let pidfile = dir.join("tunnel.pid");
+    script(
+        dir,
+        "cloudflared",
+        &format!(
+            "echo $$ > '{}'\n\
+             echo '2024-06-01T10:00:00Z INF Thank you for trying Cloudflare Tunnel. Doing so, without a Cloudflare account, is a quick way to experiment and try it out.' >&2\n\
+             echo '2024-06-01T10:00:00Z INF Requesting new quick Tunnel on trycloudflare.com...' >&2\n\
+             echo '2024-06-01T10:00:03Z INF +--------------------------------------------------------------------------------------------+' >&2\n\
+             echo '2024-06-01T10:00:03Z INF |  Your quick Tunnel has been created! Visit it at (it may take some time to be reachable):  |' >&2\n\
+             echo '2024-06-01T10:00:03Z INF |  https://four-dashed-word-url.trycloudflare.com                                            |' >&2\n\
+             echo '2024-06-01T10:00:03Z INF +--------------------------------------------------------------------------------------------+' >&2\n\
+             {then}\n",
+            pidfile.display()
+        ),
+    )
+}
+
+pub fn port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A raw HTTP POST of `initialize`; returns the status code.
+pub fn post(port: u16, host: &str, token: Option<&str>) -> u16 {
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
+    post_body(port, host, token, body).0
+}
+
+/// A raw HTTP POST; returns the status code and the whole response.
+pub fn post_body(port: u16, host: &str, token: Option<&str>, body: &str) -> (u16, String) {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
+    write!(
+        s,
+        "POST /mcp HTTP/1.1\r\nHost: {host}\r\n{auth}Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    (resp.split_whitespace().nth(1).unwrap().parse().unwrap(), resp)
+}
+
+pub fn read_pid(path: &Path) -> i32 {
+    assert!(eventually(Duration::from_secs(10), || path.exists()));
+    std::fs::read_to_string(path).unwrap().trim().parse().unwrap()
+}
+
+pub fn pid_alive(pid: i32) -> bool {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
 }

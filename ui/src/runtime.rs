@@ -21,7 +21,8 @@ pub struct TuiOptions {
     pub home: Home,
     pub cwd: PathBuf,
     pub keymap: Keymap,
-    pub mcp: String,
+    /// What the header says about the MCP server; it changes if, say, a public tunnel dies.
+    pub mcp: tokio::sync::watch::Receiver<String>,
     pub token_set: bool,
     pub worker: Option<Arc<Worker>>,
 }
@@ -84,13 +85,14 @@ pub async fn run(opts: TuiOptions, shutdown: CancellationToken) -> std::io::Resu
     let mut model = Model::new(opts.keymap.clone(), cwd);
     model.now = now();
     model.height = terminal.size().map(|s| s.height).unwrap_or(24);
-    let header = |running: usize| Header {
-        mcp: opts.mcp.clone(),
+    let mcp = opts.mcp.clone();
+    let header = |mcp: String, running: usize| Header {
+        mcp,
         token_set: opts.token_set,
         worker_embedded: opts.worker.is_some(),
         worker_running: running,
     };
-    model.handle(Event::Header(header(0)));
+    model.handle(Event::Header(header(mcp.borrow().clone(), 0)));
     let fx = Effects { store: opts.store.clone(), home: opts.home.clone(), tx: tx.clone() };
     fx.reload(model.filter);
 
@@ -120,8 +122,10 @@ pub async fn run(opts: TuiOptions, shutdown: CancellationToken) -> std::io::Resu
                 Msg::Ev(Event::Tick { now }) => {
                     ticks += 1;
                     let running = opts.worker.as_ref().map_or(0, |w| w.running());
-                    if running != model.header.worker_running {
-                        model.handle(Event::Header(header(running)));
+                    // Compared by value: the sender is dropped once it has said its last word.
+                    let label_changed = *mcp.borrow() != model.header.mcp;
+                    if running != model.header.worker_running || label_changed {
+                        model.handle(Event::Header(header(mcp.borrow().clone(), running)));
                         dirty = true;
                     }
                     // Ages on screen move once a second; nothing else needs a redraw when idle.
