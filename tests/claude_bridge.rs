@@ -475,3 +475,36 @@ fn config_opencode_registers_a_bridge_the_real_opencode_connects_to() {
     let line = text.lines().find(|l| l.contains("taskbridge")).unwrap_or_default().to_owned();
     assert!(line.contains("connected"), "OpenCode did not connect to the bridge:\n{text}");
 }
+
+#[test]
+fn over_http_the_bridge_is_guarded_like_the_main_server() {
+    let env = Env::new();
+    let refused = env.run(&["claude-mcp", "--listen", "0.0.0.0:0"]);
+    assert!(!refused.status.success());
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("without a token"), "{err}");
+
+    let p = support::port();
+    let _bridge = support::Child(
+        env.cmd()
+            .args(["claude-mcp", "--listen", &format!("127.0.0.1:{p}"), "--token", "bridge-secret"])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    assert!(support::eventually(Duration::from_secs(10), || {
+        std::net::TcpStream::connect(("127.0.0.1", p)).is_ok()
+    }));
+    assert_eq!(support::post(p, &format!("127.0.0.1:{p}"), Some("bridge-secret")), 200);
+    assert_eq!(support::post(p, &format!("127.0.0.1:{p}"), None), 401);
+    assert_eq!(support::post(p, "evil.example", Some("bridge-secret")), 403);
+    let (_, body) = support::post_body(
+        p,
+        &format!("127.0.0.1:{p}"),
+        Some("bridge-secret"),
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#,
+    );
+    assert!(body.contains("taskbridge-claude"), "{body}");
+}
