@@ -608,6 +608,9 @@ impl Store {
     pub fn claim_next(&self, worker: &str, host: &str, lease: Duration) -> Result<Option<Claim>> {
         let claimed = self.write_with(Durability::CrashSafe, |tx, now| {
             // Prepared once per connection: the statement runs while the write lock is held.
+            // INDEXED BY: left to itself the planner takes the status index and sorts every
+            // queued task on each claim (2 ms at 2,000 queued); the partial index walks them in
+            // claim order and stops at the first runnable one (0.4 ms).
             let row: Option<(i64, i64, Option<String>, Option<String>)> = tx
                 .prepare_cached(
                     "UPDATE tasks SET status = 'running', worker = ?1, worker_host = ?2,
@@ -617,7 +620,7 @@ impl Store {
                         agent_pid = NULL, agent_started = NULL, cancel_requested = 0,
                         not_before = NULL
                      WHERE id = (
-                        SELECT t.id FROM tasks t
+                        SELECT t.id FROM tasks t INDEXED BY tasks_claim
                          WHERE t.status = 'queued'
                            AND (t.not_before IS NULL OR t.not_before <= ?3)
                            AND NOT EXISTS (SELECT 1 FROM task_deps d JOIN tasks p
