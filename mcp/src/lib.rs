@@ -28,12 +28,28 @@ pub async fn serve_stdio<S>(server: S, shutdown: CancellationToken) -> Result<()
 where
     S: rmcp::ServerHandler + Clone,
 {
-    let running =
-        server.serve(rmcp::transport::stdio()).await.map_err(|e| Error::Protocol(e.to_string()))?;
+    let running = match stdio_pipes() {
+        Some(io) => server.serve(io).await,
+        None => server.serve(rmcp::transport::stdio()).await,
+    }
+    .map_err(|e| Error::Protocol(e.to_string()))?;
     let ct = running.cancellation_token();
     tokio::select! {
         r = running.waiting() => { r.map_err(|e| Error::Protocol(e.to_string()))?; }
         _ = shutdown.cancelled() => ct.cancel(),
     }
     Ok(())
+}
+
+/// stdin and stdout as readiness-based pipes on the runtime, when they are pipes (as they are for
+/// a server an MCP client launches). tokio's own stdio hands every read and write to a blocking
+/// thread, two thread hops per call that show on a sub-millisecond `get_task`. `None` (a tty, a
+/// file, a socket) falls back to tokio's stdio.
+fn stdio_pipes() -> Option<(tokio::net::unix::pipe::Receiver, tokio::net::unix::pipe::Sender)> {
+    use std::os::fd::AsFd;
+    let input = std::io::stdin().as_fd().try_clone_to_owned().ok()?;
+    let output = std::io::stdout().as_fd().try_clone_to_owned().ok()?;
+    let input = tokio::net::unix::pipe::Receiver::from_file(std::fs::File::from(input)).ok()?;
+    let output = tokio::net::unix::pipe::Sender::from_file(std::fs::File::from(output)).ok()?;
+    Some((input, output))
 }
