@@ -5,6 +5,7 @@
 //!   cargo test  --bench mcp       small run (50 calls): a smoke test
 //!
 //! Prints `bench=mcp.<server>.<transport> cold_start_ms=.. p50_ms=.. p99_ms=.. calls_per_s=..`
+//! (`http` answers with event streams, `http_json` with plain JSON as public mode does)
 //! and the ratio against FastMCP. The Python side runs when `.venv` has the `mcp` package
 //! (`.ci/run` installs it); otherwise it is skipped with a line that says so.
 #![allow(clippy::unwrap_used)]
@@ -63,11 +64,14 @@ async fn stdio(program: &Path, args: &[&str], envs: &[(&str, &Path)], n: usize) 
     Figures { cold_start_ms, p50_ms, p99_ms, per_s }
 }
 
-async fn http(home: &Path, n: usize) -> Figures {
+/// `serve` with its default event-stream answers, or with `--json-response` (plain JSON, what
+/// public mode uses).
+async fn http(home: &Path, n: usize, json_response: bool) -> Figures {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let start = Instant::now();
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_taskbridge"))
         .args(["serve", "--no-worker", "--listen", &format!("127.0.0.1:{port}")])
+        .args(json_response.then_some("--json-response"))
         .env("TASKBRIDGE_HOME", home)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -119,8 +123,10 @@ async fn main() {
     let rust_stdio =
         stdio(tb, &["mcp", "--no-worker"], &[("TASKBRIDGE_HOME", home.root())], n).await;
     print("mcp.taskbridge.stdio", &rust_stdio);
-    let rust_http = http(home.root(), n).await;
+    let rust_http = http(home.root(), n, false).await;
     print("mcp.taskbridge.http", &rust_http);
+    let rust_http_json = http(home.root(), n, true).await;
+    print("mcp.taskbridge.http_json", &rust_http_json);
 
     let py = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/fastmcp_server.py");

@@ -189,7 +189,7 @@ pub fn cost_usd(model: &str, u: &ClaudeUsage) -> Option<f64> {
 
 // ---- the Messages API ----------------------------------------------------------------------
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Api {
     client: reqwest::Client,
     url: String,
@@ -197,6 +197,17 @@ pub struct Api {
     default_model: String,
     attempts: u32,
     retry_base: Duration,
+}
+
+// By hand, so that the key never reaches a log line through `{:?}`.
+impl std::fmt::Debug for Api {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Api")
+            .field("url", &self.url)
+            .field("key", &"<redacted>")
+            .field("default_model", &self.default_model)
+            .finish()
+    }
 }
 
 impl Api {
@@ -377,16 +388,20 @@ impl Cli {
         let mut child =
             cmd.spawn().map_err(|e| Error::ClaudeCli(cli_spawn_error(&self.program, &e)))?;
         // Dropping this future (timeout, cancel) kills the CLI and anything it started.
-        let _guard = child.id().map(|pid| TreeGuard(pid as i32));
-        if let Some(mut stdin) = child.stdin.take() {
-            stdin.write_all(ask.prompt.as_bytes()).await.map_err(|e| {
-                Error::ClaudeCli(format!("could not write the prompt to claude: {e}"))
-            })?;
+        let mut guard = TreeGuard(child.id().map(|pid| pid as i32));
+        if let Some(mut stdin) = child.stdin.take()
+            && let Err(e) = stdin.write_all(ask.prompt.as_bytes()).await
+            // A CLI that exits before reading its prompt says why in its output, read below.
+            && e.kind() != std::io::ErrorKind::BrokenPipe
+        {
+            return Err(Error::ClaudeCli(format!("could not write the prompt to claude: {e}")));
         }
         let out = child
             .wait_with_output()
             .await
             .map_err(|e| Error::ClaudeCli(format!("claude did not run to the end: {e}")))?;
+        // It exited by itself: its pid may be reused from now on, so nothing is signalled.
+        guard.0 = None;
         parse_cli_output(&out.stdout, &out.stderr, out.status.code(), ask.model.as_deref())
     }
 }
@@ -403,14 +418,16 @@ fn cli_spawn_error(program: &Path, e: &std::io::Error) -> String {
     }
 }
 
-/// Kills a process group and everything below it when dropped.
-struct TreeGuard(i32);
+/// Kills a process and everything it started when dropped, unless disarmed (`None`).
+struct TreeGuard(Option<i32>);
 
 impl Drop for TreeGuard {
     fn drop(&mut self) {
-        let mut tree = worker::process::ProcessTree::new(self.0);
-        tree.refresh();
-        tree.signal(nix::sys::signal::Signal::SIGKILL);
+        if let Some(pid) = self.0 {
+            let mut tree = worker::process::ProcessTree::new(pid);
+            tree.refresh();
+            tree.signal(nix::sys::signal::Signal::SIGKILL);
+        }
     }
 }
 

@@ -157,15 +157,17 @@ impl ClaudeBridge {
             }
         };
         let outcome = tokio::select! {
-            r = self.inner.backend.ask(&ask) => match r {
+            r = self.inner.backend.ask(&ask) => Some(match r {
                 Ok(answer) => JobOutcome::Done(answer_json(&answer)),
                 Err(e) => JobOutcome::Failed(e.to_string()),
-            },
-            _ = cancel.cancelled() => return,
-            _ = cancelled_elsewhere => return,
+            }),
+            _ = cancel.cancelled() => None,
+            _ = cancelled_elsewhere => None,
+            // `shutdown` records the job as interrupted; it needs the entry.
             _ = self.inner.shutdown.cancelled() => return,
         };
         self.running().remove(&id);
+        let Some(outcome) = outcome else { return };
         if let Err(e) = self.blocking(move |s| s.job_finish(id, outcome)).await {
             tracing::error!(job = %id, error = %e, "could not record the job's outcome");
         }
