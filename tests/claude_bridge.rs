@@ -181,6 +181,23 @@ async fn every_tool_works_against_the_messages_api() {
     assert!(err.contains("job 999 does not exist"), "{err}");
     let err = b.refused("claude_result", json!({"job_id": "x"})).await;
     assert!(err.contains("job_id"), "{err}");
+
+    // The key is in no file TaskBridge keeps: the database (jobs included) and the logs.
+    drop(b);
+    assert_no_file_contains(&env.home, "sk-ant-test-key");
+}
+
+fn assert_no_file_contains(dir: &Path, secret: &str) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            assert_no_file_contains(&path, secret);
+        } else {
+            let bytes = std::fs::read(&path).unwrap();
+            let found = bytes.windows(secret.len()).any(|w| w == secret.as_bytes());
+            assert!(!found, "the API key leaked into {}", path.display());
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

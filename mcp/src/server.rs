@@ -270,7 +270,12 @@ pub(crate) fn result_json(task: &Task, max_diff_bytes: usize) -> Value {
     })
 }
 
-#[tool_handler]
+/// Built once: by default `#[tool_handler]` builds the whole router (every tool and its schema)
+/// on each call, which was most of a `get_task`'s CPU time.
+static ROUTER: std::sync::LazyLock<rmcp::handler::server::router::tool::ToolRouter<TaskBridge>> =
+    std::sync::LazyLock::new(TaskBridge::tool_router);
+
+#[tool_handler(router = ROUTER)]
 impl ServerHandler for TaskBridge {
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())

@@ -392,7 +392,11 @@ impl ClaudeBridge {
     }
 }
 
-#[tool_handler]
+/// Built once rather than on every call (see the TaskBridge server's router).
+static ROUTER: std::sync::LazyLock<rmcp::handler::server::router::tool::ToolRouter<ClaudeBridge>> =
+    std::sync::LazyLock::new(ClaudeBridge::tool_router);
+
+#[tool_handler(router = ROUTER)]
 impl ServerHandler for ClaudeBridge {
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
