@@ -200,15 +200,8 @@ pub struct ClaudeMcpArgs {
     /// Serve Streamable HTTP at /mcp on this address instead of stdio.
     #[arg(long)]
     pub listen: Option<String>,
-    /// Require `Authorization: Bearer <token>` (HTTP).
-    #[arg(long, conflicts_with = "token_file", env = "TASKBRIDGE_TOKEN", hide_env_values = true)]
-    pub token: Option<String>,
-    /// Read the token from this file (HTTP).
-    #[arg(long)]
-    pub token_file: Option<PathBuf>,
-    /// Also accept this Host (and Origin host); repeatable (HTTP).
-    #[arg(long = "allowed-host")]
-    pub allowed_hosts: Vec<String>,
+    #[command(flatten)]
+    pub guard: GuardArgs,
     /// The Claude model used when a call names none.
     #[arg(long, env = "TASKBRIDGE_CLAUDE_MODEL")]
     pub model: Option<String>,
@@ -219,6 +212,13 @@ pub struct ClaudeMcpArgs {
 pub struct HttpArgs {
     #[arg(long, default_value = "127.0.0.1:8765")]
     pub listen: String,
+    #[command(flatten)]
+    pub guard: GuardArgs,
+}
+
+/// Whom an HTTP MCP server lets in (every HTTP server: `serve`, `tui`, `claude-mcp --listen`).
+#[derive(Debug, Args, Clone)]
+pub struct GuardArgs {
     /// Require `Authorization: Bearer <token>`.
     #[arg(long, conflicts_with = "token_file", env = "TASKBRIDGE_TOKEN", hide_env_values = true)]
     pub token: Option<String>,

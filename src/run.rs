@@ -148,11 +148,8 @@ async fn finish_embedded(embedded: Option<Embedded>) {
     }
 }
 
-fn read_token(
-    token: &Option<String>,
-    file: &Option<std::path::PathBuf>,
-) -> anyhow::Result<Option<String>> {
-    Ok(match (token, file) {
+fn read_token(guard: &crate::cli::GuardArgs) -> anyhow::Result<Option<String>> {
+    Ok(match (&guard.token, &guard.token_file) {
         (Some(t), _) => Some(t.trim().to_owned()),
         (None, Some(f)) => Some(
             std::fs::read_to_string(f)
@@ -184,8 +181,8 @@ async fn claude_mcp(
         Some(listen) => {
             let http = mcp::HttpConfig {
                 listen: listen.clone(),
-                token: read_token(&args.token, &args.token_file)?,
-                allowed_hosts: args.allowed_hosts.clone(),
+                token: read_token(&args.guard)?,
+                allowed_hosts: args.guard.allowed_hosts.clone(),
                 json_response: false,
             };
             let listener = mcp::bind(&http).await?;
@@ -219,11 +216,11 @@ async fn tui(
         None => None,
     };
     let keymap = ui::Keymap::load(user_keymap.as_deref()).map_err(anyhow::Error::msg)?;
-    let mut token = read_token(&args.http.token, &args.http.token_file)?;
+    let mut token = read_token(&args.http.guard)?;
     let mut http = mcp::HttpConfig {
         listen: args.http.listen.clone(),
         token: None,
-        allowed_hosts: args.http.allowed_hosts.clone(),
+        allowed_hosts: args.http.guard.allowed_hosts.clone(),
         json_response: false,
     };
     let mut roots = args.repo_roots.clone();
@@ -322,11 +319,11 @@ async fn serve(
     args: crate::cli::ServeArgs,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let mut token = read_token(&args.http.token, &args.http.token_file)?;
+    let mut token = read_token(&args.http.guard)?;
     let mut http = mcp::HttpConfig {
         listen: args.http.listen.clone(),
         token: None,
-        allowed_hosts: args.http.allowed_hosts.clone(),
+        allowed_hosts: args.http.guard.allowed_hosts.clone(),
         json_response: args.json_response,
     };
     let mut roots = args.repo_roots.clone();

@@ -6,7 +6,6 @@
 
 mod support;
 
-use rmcp::ServiceExt;
 use rmcp::model::{CallToolRequestParams, CallToolResult};
 use rmcp::service::{RoleClient, RunningService};
 use serde_json::{Value, json};
@@ -35,14 +34,8 @@ async fn bridge(env: &Env, vars: &[(&str, &str)]) -> Bridge {
         .env_remove("ANTHROPIC_AUTH_TOKEN")
         .env_remove("ANTHROPIC_BASE_URL")
         .env_remove("TASKBRIDGE_CLAUDE")
-        .envs(vars.iter().copied())
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true);
-    let mut child = cmd.spawn().unwrap();
-    let io = (child.stdout.take().unwrap(), child.stdin.take().unwrap());
-    let client = ().serve(io).await.unwrap();
+        .envs(vars.iter().copied());
+    let (client, child) = support::stdio_client(cmd).await;
     Bridge { client, child }
 }
 
@@ -315,6 +308,20 @@ fn claude_cli() -> PathBuf {
     p
 }
 
+/// A bridge whose backend is the real Claude Code CLI, pointed at `mock` with `token` (Bearer).
+async fn cli_bridge(env: &Env, mock: &MockAnthropic, token: &str) -> Bridge {
+    let base = format!("http://127.0.0.1:{}", mock.port);
+    let cli = claude_cli();
+    let vars = [
+        ("TASKBRIDGE_CLAUDE", cli.to_str().unwrap()),
+        ("ANTHROPIC_BASE_URL", &base),
+        ("ANTHROPIC_AUTH_TOKEN", token),
+        ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1"),
+        ("DISABLE_AUTOUPDATER", "1"),
+    ];
+    bridge(env, &vars).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_claude_code_cli_backend_answers_and_reports_errors() {
     let env = Env::new();
@@ -326,19 +333,7 @@ async fn the_claude_code_cli_backend_answers_and_reports_errors() {
             message: "mock bad request".into(),
         },
     ]);
-    let base = format!("http://127.0.0.1:{}", mock.port);
-    let cli = claude_cli();
-    let b = bridge(
-        &env,
-        &[
-            ("TASKBRIDGE_CLAUDE", cli.to_str().unwrap()),
-            ("ANTHROPIC_BASE_URL", &base),
-            ("ANTHROPIC_AUTH_TOKEN", "cli-test-token"),
-            ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1"),
-            ("DISABLE_AUTOUPDATER", "1"),
-        ],
-    )
-    .await;
+    let b = cli_bridge(&env, &mock, "cli-test-token").await;
     let s = b.call("claude_status", json!({})).await;
     assert_eq!(s["backend"], "claude-cli");
 
@@ -376,19 +371,7 @@ async fn a_cli_stuck_on_a_bad_key_is_stopped_by_our_timeout() {
             message: "invalid x-api-key".into(),
         },
     );
-    let base = format!("http://127.0.0.1:{}", mock.port);
-    let cli = claude_cli();
-    let b = bridge(
-        &env,
-        &[
-            ("TASKBRIDGE_CLAUDE", cli.to_str().unwrap()),
-            ("ANTHROPIC_BASE_URL", &base),
-            ("ANTHROPIC_AUTH_TOKEN", "bad-token"),
-            ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1"),
-            ("DISABLE_AUTOUPDATER", "1"),
-        ],
-    )
-    .await;
+    let b = cli_bridge(&env, &mock, "bad-token").await;
     let started = std::time::Instant::now();
     let e = b.refused("claude_ask", json!({"prompt": "hello", "timeout_s": 4})).await;
     assert!(

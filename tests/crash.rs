@@ -5,7 +5,6 @@
 
 mod support;
 
-use rmcp::ServiceExt;
 use rmcp::model::CallToolRequestParams;
 use serde_json::json;
 use std::sync::{Arc, Mutex};
@@ -16,16 +15,9 @@ use support::Env;
 async fn kill_9_of_the_server_mid_submit_loses_no_acknowledged_task() {
     let env = Env::new();
     let mut cmd = tokio::process::Command::new(support::bin());
-    cmd.args(["mcp", "--no-worker"])
-        .envs(env.env_vars())
-        .current_dir(&env.repo)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true);
-    let mut child = cmd.spawn().unwrap();
-    let io = (child.stdout.take().unwrap(), child.stdin.take().unwrap());
-    let client = Arc::new(().serve(io).await.unwrap());
+    cmd.args(["mcp", "--no-worker"]).envs(env.env_vars()).current_dir(&env.repo);
+    let (client, mut child) = support::stdio_client(cmd).await;
+    let client = Arc::new(client);
 
     let acked: Arc<Mutex<Vec<(i64, String)>>> = Arc::default();
     // Two streams of submits at once, so the kill lands while calls are in flight.

@@ -335,7 +335,6 @@ fn restart_worker_restarts_the_installed_service_through_its_manager() {
 
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
-        use rmcp::ServiceExt;
         async fn call(
             client: &rmcp::service::RunningService<rmcp::service::RoleClient, ()>,
         ) -> serde_json::Value {
@@ -347,14 +346,8 @@ fn restart_worker_restarts_the_installed_service_through_its_manager() {
         cmd.args(["mcp", "--no-worker"])
             .envs(env.env_vars())
             .env("PATH", format!("{}:/usr/bin:/bin", bin_dir.display()))
-            .env("XDG_CONFIG_HOME", &xdg)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .kill_on_drop(true);
-        let mut child = cmd.spawn().unwrap();
-        let io = (child.stdout.take().unwrap(), child.stdin.take().unwrap());
-        let client = ().serve(io).await.unwrap();
+            .env("XDG_CONFIG_HOME", &xdg);
+        let (client, _child) = stdio_client(cmd).await;
 
         let r = call(&client).await;
         assert_eq!(r["restarted"].as_array().unwrap().len(), 1, "{r}");

@@ -205,6 +205,18 @@ impl Env {
     }
 }
 
+/// An rmcp client on the stdin/stdout of `cmd` (a `taskbridge` MCP server, started here); the
+/// server is killed when the returned child is dropped.
+pub async fn stdio_client(
+    mut cmd: tokio::process::Command,
+) -> (rmcp::service::RunningService<rmcp::service::RoleClient, ()>, tokio::process::Child) {
+    use rmcp::ServiceExt;
+    cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::null()).kill_on_drop(true);
+    let mut child = cmd.spawn().unwrap();
+    let io = (child.stdout.take().unwrap(), child.stdin.take().unwrap());
+    (().serve(io).await.unwrap(), child)
+}
+
 /// Polls `cond` every 50 ms until it holds or `timeout` passes.
 pub fn eventually(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let start = Instant::now();

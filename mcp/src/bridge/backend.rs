@@ -32,6 +32,19 @@ pub struct ClaudeUsage {
     pub cache_write: u64,
 }
 
+impl ClaudeUsage {
+    /// From a Messages API `usage` object, which the CLI's result repeats with the same keys.
+    fn from_api(usage: Option<&Value>) -> Self {
+        let n = |k: &str| usage.and_then(|u| u.get(k)).and_then(Value::as_u64).unwrap_or(0);
+        ClaudeUsage {
+            input: n("input_tokens"),
+            output: n("output_tokens"),
+            cache_read: n("cache_read_input_tokens"),
+            cache_write: n("cache_creation_input_tokens"),
+        }
+    }
+}
+
 /// Claude's answer. `cost_usd` is there when the backend reports it (the CLI) or the model's
 /// list price is known (the API).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -341,14 +354,7 @@ fn parse_message(text: &str, requested: &str) -> Result<Answer> {
                 .join("")
         })
         .unwrap_or_default();
-    let u = v.get("usage").cloned().unwrap_or(Value::Null);
-    let n = |k: &str| u.get(k).and_then(Value::as_u64).unwrap_or(0);
-    let usage = ClaudeUsage {
-        input: n("input_tokens"),
-        output: n("output_tokens"),
-        cache_read: n("cache_read_input_tokens"),
-        cache_write: n("cache_creation_input_tokens"),
-    };
+    let usage = ClaudeUsage::from_api(v.get("usage"));
     let model = v.get("model").and_then(Value::as_str).unwrap_or(requested).to_owned();
     Ok(Answer {
         text: answer,
@@ -482,8 +488,6 @@ fn parse_cli_output(
             None => Error::ClaudeCli(format!("claude reported an error ({subtype}): {detail}")),
         });
     }
-    let u = r.get("usage").cloned().unwrap_or(Value::Null);
-    let n = |k: &str| u.get(k).and_then(Value::as_u64).unwrap_or(0);
     let model = r
         .get("modelUsage")
         .and_then(Value::as_object)
@@ -494,12 +498,7 @@ fn parse_cli_output(
         text,
         model,
         stop_reason: r.get("stop_reason").and_then(Value::as_str).map(str::to_owned),
-        usage: ClaudeUsage {
-            input: n("input_tokens"),
-            output: n("output_tokens"),
-            cache_read: n("cache_read_input_tokens"),
-            cache_write: n("cache_creation_input_tokens"),
-        },
+        usage: ClaudeUsage::from_api(r.get("usage")),
         cost_usd: r.get("total_cost_usd").and_then(Value::as_f64),
         backend: "claude-cli".into(),
     })
