@@ -161,24 +161,22 @@ fn unreachable_long_running() -> anyhow::Result<()> {
 
 fn submit(ctx: &Ctx, a: SubmitArgs) -> anyhow::Result<()> {
     let prompt = read_arg(&a.prompt, "prompt")?;
-    let req = SubmitRequest {
-        prompt,
-        repo: a.repo.unwrap_or_else(|| ctx.cwd.clone()),
-        base_ref: a.base_ref,
-        title: a.title,
-        priority: a.priority,
-        depends_on: a.after.into_iter().map(|i| DepRef::Task(TaskId(i))).collect(),
-        model: a.model,
-        agent: a.agent,
-        readonly: a.readonly,
-        no_network: a.no_network,
-        no_shell: a.no_shell,
-        worktree_keep: a.keep_worktree,
-        max_attempts: a.max_attempts,
-        timeout_s: a.timeout,
-        question_timeout_s: a.question_timeout,
-        request_id: a.request_id,
-    };
+    let mut req = SubmitRequest::new(prompt, a.repo.unwrap_or_else(|| ctx.cwd.clone()));
+    req.base_ref = a.base_ref;
+    let spec = &mut req.spec;
+    spec.title = a.title;
+    spec.priority = a.priority;
+    spec.depends_on = a.after.into_iter().map(|i| DepRef::Task(TaskId(i))).collect();
+    spec.model = a.model;
+    spec.agent = a.agent;
+    spec.readonly = a.readonly;
+    spec.no_network = a.no_network;
+    spec.no_shell = a.no_shell;
+    spec.worktree_keep = a.keep_worktree;
+    spec.max_attempts = a.max_attempts;
+    spec.timeout_s = a.timeout;
+    spec.question_timeout_s = a.question_timeout;
+    spec.request_id = a.request_id;
     let (task, created) = worker::submit(&ctx.store, &ctx.cwd, req)?;
     if a.json {
         print_json(&task)?;

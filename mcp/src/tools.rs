@@ -301,24 +301,23 @@ impl BatchItem {
                 },
             });
         }
-        Ok(SubmitRequest {
-            prompt: self.prompt,
-            repo,
-            base_ref: self.base_ref,
-            title: self.title,
-            priority: self.priority.unwrap_or(0),
-            depends_on,
-            model: self.model,
-            agent: self.agent,
-            readonly: self.readonly,
-            no_network: self.no_network,
-            no_shell: self.no_shell,
-            worktree_keep: self.worktree_keep,
-            max_attempts: self.max_attempts.unwrap_or(queue::DEFAULT_MAX_ATTEMPTS),
-            timeout_s: self.timeout_s.unwrap_or(queue::DEFAULT_TIMEOUT_S),
-            question_timeout_s: self.question_timeout_s,
-            request_id: self.request_id,
-        })
+        let mut req = SubmitRequest::new(self.prompt, repo);
+        req.base_ref = self.base_ref;
+        let spec = &mut req.spec;
+        spec.title = self.title;
+        spec.priority = self.priority.unwrap_or(0);
+        spec.depends_on = depends_on;
+        spec.model = self.model;
+        spec.agent = self.agent;
+        spec.readonly = self.readonly;
+        spec.no_network = self.no_network;
+        spec.no_shell = self.no_shell;
+        spec.worktree_keep = self.worktree_keep;
+        spec.max_attempts = self.max_attempts.unwrap_or(queue::DEFAULT_MAX_ATTEMPTS);
+        spec.timeout_s = self.timeout_s.unwrap_or(queue::DEFAULT_TIMEOUT_S);
+        spec.question_timeout_s = self.question_timeout_s;
+        spec.request_id = self.request_id;
+        Ok(req)
     }
 }
 
