@@ -673,8 +673,6 @@ fn notes_section(notes: &[String]) -> String {
     s
 }
 
-/// OpenCode's permission rules for the task's flags. Nothing may resolve to "ask": headless
-/// OpenCode would reject it and stop (agent-clis.md §1.6).
 /// The name OpenCode knows the bridge by; its tools appear to the model as `taskbridge_claude_ask`
 /// and so on.
 pub const BRIDGE_MCP_NAME: &str = "taskbridge";
@@ -688,7 +686,12 @@ pub fn with_bridge(inherited: Option<&str>, command: &[String]) -> String {
         .unwrap_or_else(|| serde_json::json!({}));
     // OpenCode applies `timeout` to every call of the server's tools, and a question to Claude
     // can take minutes.
-    let entry = serde_json::json!({"type": "local", "command": command, "enabled": true, "timeout": 300_000});
+    let entry = serde_json::json!({
+        "type": "local",
+        "command": command,
+        "enabled": true,
+        "timeout": 300_000,
+    });
     if !doc["mcp"].is_object() {
         doc["mcp"] = serde_json::json!({});
     }
@@ -696,6 +699,8 @@ pub fn with_bridge(inherited: Option<&str>, command: &[String]) -> String {
     doc.to_string()
 }
 
+/// OpenCode's permission rules for the task's flags. Nothing may resolve to "ask": headless
+/// OpenCode would reject it and stop (agent-clis.md §1.6).
 pub fn permission_json(task: &Task) -> String {
     let mut p = serde_json::Map::new();
     p.insert("external_directory".into(), "deny".into());
@@ -743,4 +748,28 @@ pub fn notify_desktop(title: &str, body: &str) {
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{Value, json};
+
+    #[test]
+    fn the_bridge_joins_the_users_own_run_config_without_replacing_it() {
+        let cmd = vec!["/bin/taskbridge".to_owned(), "claude-mcp".to_owned()];
+        let inherited = r#"{"provider": {"anthropic": {"options": {"baseURL": "http://x/v1"}}},
+                            "mcp": {"mine": {"type": "local", "command": ["m"]}}}"#;
+        let v: Value = serde_json::from_str(&with_bridge(Some(inherited), &cmd)).unwrap();
+        assert_eq!(v["provider"]["anthropic"]["options"]["baseURL"], "http://x/v1");
+        assert_eq!(v["mcp"]["mine"]["command"], json!(["m"]));
+        assert_eq!(v["mcp"]["taskbridge"]["command"], json!(cmd));
+        assert_eq!(v["mcp"]["taskbridge"]["type"], "local");
+
+        // Nothing usable inherited: the bridge alone.
+        for inherited in [None, Some("not json"), Some("[1]")] {
+            let v: Value = serde_json::from_str(&with_bridge(inherited, &cmd)).unwrap();
+            assert_eq!(v["mcp"].as_object().unwrap().len(), 1, "{v}");
+        }
+    }
 }
