@@ -35,7 +35,6 @@ fn open(cli: &cli::Cli) -> anyhow::Result<Ctx> {
 
 fn main() -> std::process::ExitCode {
     let cli = cli::Cli::parse();
-    mcp::bridge::install_tls();
     match real_main(cli) {
         Ok(code) => code,
         Err(e) => {

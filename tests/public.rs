@@ -220,13 +220,15 @@ fn service_install_writes_a_valid_systemd_unit() {
     let env = Env::new();
     let xdg = env.dir.path().join("xdg");
     // No user systemd here (CI): the unit is written and the way to start it is printed.
-    let out = env
-        .cmd()
-        .args(["service", "install"])
-        .env("XDG_CONFIG_HOME", &xdg)
-        .env("PATH", "/usr/bin:/bin")
-        .output()
-        .unwrap();
+    let service = |action: &str| {
+        env.cmd()
+            .args(["service", action])
+            .env("XDG_CONFIG_HOME", &xdg)
+            .env("PATH", "/usr/bin:/bin")
+            .output()
+            .unwrap()
+    };
+    let out = service("install");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let unit = xdg.join("systemd/user/taskbridge.service");
     let text = std::fs::read_to_string(&unit).unwrap();
@@ -252,16 +254,9 @@ fn service_install_writes_a_valid_systemd_unit() {
     } else {
         eprintln!("systemd-analyze is not installed: the unit was checked by its contents only");
     }
-    let status =
-        env.cmd().args(["service", "status"]).env("XDG_CONFIG_HOME", &xdg).output().unwrap();
+    let status = service("status");
     assert!(String::from_utf8_lossy(&status.stdout).contains("installed:"));
-    let out = env
-        .cmd()
-        .args(["service", "uninstall"])
-        .env("XDG_CONFIG_HOME", &xdg)
-        .env("PATH", "/usr/bin:/bin")
-        .output()
-        .unwrap();
+    let out = service("uninstall");
     assert!(out.status.success());
     assert!(!unit.exists());
 }

@@ -85,14 +85,13 @@ pub async fn run(opts: TuiOptions, shutdown: CancellationToken) -> std::io::Resu
     let mut model = Model::new(opts.keymap.clone(), cwd);
     model.now = now();
     model.height = terminal.size().map(|s| s.height).unwrap_or(24);
-    let mcp = opts.mcp.clone();
     let header = |mcp: String, running: usize| Header {
         mcp,
         token_set: opts.token_set,
         worker_embedded: opts.worker.is_some(),
         worker_running: running,
     };
-    model.handle(Event::Header(header(mcp.borrow().clone(), 0)));
+    model.handle(Event::Header(header(opts.mcp.borrow().clone(), 0)));
     let fx = Effects { store: opts.store.clone(), home: opts.home.clone(), tx: tx.clone() };
     fx.reload(model.filter);
 
@@ -123,9 +122,9 @@ pub async fn run(opts: TuiOptions, shutdown: CancellationToken) -> std::io::Resu
                     ticks += 1;
                     let running = opts.worker.as_ref().map_or(0, |w| w.running());
                     // Compared by value: the sender is dropped once it has said its last word.
-                    let label_changed = *mcp.borrow() != model.header.mcp;
+                    let label_changed = *opts.mcp.borrow() != model.header.mcp;
                     if running != model.header.worker_running || label_changed {
-                        model.handle(Event::Header(header(mcp.borrow().clone(), running)));
+                        model.handle(Event::Header(header(opts.mcp.borrow().clone(), running)));
                         dirty = true;
                     }
                     // Ages on screen move once a second; nothing else needs a redraw when idle.

@@ -34,7 +34,7 @@ claude_status says which backend is in use and why none is, if so.";
 
 /// Installs ring as rustls's crypto provider once per process. reqwest is built without a
 /// provider of its own (aws-lc takes minutes to build on two cores), so every process that builds
-/// a reqwest client, rmcp's HTTP client included, calls this first; the binary does at start-up.
+/// a reqwest client, rmcp's HTTP client included, calls this first (the Messages API backend does).
 pub fn install_tls() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
