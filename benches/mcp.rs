@@ -116,7 +116,7 @@ async fn main() {
         "0123456789abcdef0123456789abcdef01234567",
     );
     store.submit(spec).unwrap();
-    store.note(queue::TaskId(1), "a note").unwrap();
+    store.add_note(queue::TaskId(1), "a note").unwrap();
     drop(store);
 
     let tb = Path::new(env!("CARGO_BIN_EXE_taskbridge"));

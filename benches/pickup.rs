@@ -92,9 +92,8 @@ fn measure(store: &queue::Store, repo: &Path, agent_log: &Path, n: usize) -> Vec
     for i in 0..n {
         let before = std::fs::read_to_string(agent_log).unwrap_or_default().lines().count();
         let t0 = now_ns();
-        let (task, _) =
-            worker::submit(store, repo, worker::SubmitRequest::new(format!("task {i}"), repo))
-                .unwrap();
+        let req = worker::SubmitRequest::new(format!("task {i}"), repo);
+        let (task, _, _) = worker::submit(store, repo, Path::new("opencode"), req).unwrap();
         let deadline = Instant::now() + Duration::from_secs(10);
         let started: u128 = loop {
             let text = std::fs::read_to_string(agent_log).unwrap_or_default();

@@ -18,6 +18,9 @@ pub struct Cli {
     /// Use this database file instead of <home>/taskbridge.db.
     #[arg(long, global = true, value_name = "PATH")]
     pub db: Option<PathBuf>,
+    /// The config file (default: $XDG_CONFIG_HOME/taskbridge/config.toml if it exists).
+    #[arg(long, global = true, value_name = "FILE", env = "TASKBRIDGE_CONFIG")]
+    pub config: Option<PathBuf>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -25,8 +28,10 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Submit a task; prints its id. PROMPT `-` reads the prompt from stdin.
+    #[command(visible_alias = "submit-task")]
     Submit(SubmitArgs),
     /// List tasks, newest first.
+    #[command(visible_alias = "list-tasks")]
     List {
         /// queued, blocked, running, waiting, done, failed or cancelled.
         #[arg(long)]
@@ -40,12 +45,14 @@ pub enum Command {
         json: bool,
     },
     /// Show everything about a task.
+    #[command(name = "get", visible_aliases = ["show", "get-task"])]
     Show {
         id: i64,
         #[arg(long)]
         json: bool,
     },
     /// Print a task's log (the tail, or from a byte offset).
+    #[command(name = "get-logs", visible_aliases = ["logs", "get-task-logs"])]
     Logs {
         id: i64,
         #[arg(long)]
@@ -57,16 +64,26 @@ pub enum Command {
         follow: bool,
     },
     /// Cancel a queued, waiting or running task.
+    #[command(visible_alias = "cancel-task")]
     Cancel { id: i64 },
     /// Run a failed or cancelled task again.
+    #[command(visible_alias = "retry-task")]
     Retry { id: i64 },
-    /// Add a note for the agent.
+    /// Add a note for the agent (`-` reads stdin).
+    #[command(name = "add-note", visible_aliases = ["note", "add-task-note"])]
     Note { id: i64, text: String },
     /// Answer a waiting task's question (`-` reads stdin); the task resumes its session.
+    #[command(visible_alias = "answer-task")]
     Answer { id: i64, text: String },
     /// Set a task's priority (-100..=100, higher runs first).
-    Priority { id: i64, priority: i64 },
+    #[command(name = "set-priority", visible_aliases = ["priority", "set-task-priority"])]
+    Priority {
+        id: i64,
+        #[arg(allow_hyphen_values = true)]
+        priority: i64,
+    },
     /// Remove finished tasks with their logs and worktrees (branches stay).
+    #[command(name = "clear-finished", visible_alias = "clear")]
     Clear {
         /// Only tasks finished at least this long ago: 30s, 15m, 12h, 7d.
         #[arg(long, default_value = "0s")]
@@ -76,13 +93,21 @@ pub enum Command {
         statuses: String,
     },
     /// Counts per state, workers and the default model.
+    #[command(name = "queue-status", visible_alias = "status")]
     Status {
+        #[arg(long)]
+        json: bool,
+    },
+    /// The workers: id, pid, host, last heartbeat, current tasks, and whether each is alive.
+    #[command(name = "list-workers", visible_aliases = ["workers", "worker-heartbeat"])]
+    ListWorkers {
         #[arg(long)]
         json: bool,
     },
     /// Run the worker headless.
     Worker(WorkerArgs),
     /// List the models OpenCode offers; `--set-default M` stores the default model.
+    #[command(name = "list-models", visible_alias = "models")]
     Models {
         /// Only this provider's models.
         #[arg(long)]
@@ -125,6 +150,7 @@ pub enum Command {
 
 #[derive(Debug, Args)]
 pub struct SubmitArgs {
+    /// What the agent should do, in plain words; `-` reads it from stdin.
     pub prompt: String,
     /// Repository (default: the current directory).
     #[arg(long)]
@@ -132,27 +158,35 @@ pub struct SubmitArgs {
     /// Branch, tag or commit to start from (default HEAD).
     #[arg(long = "ref", value_name = "REF")]
     pub base_ref: Option<String>,
+    /// A short name for lists and notifications (default: the prompt's first line).
     #[arg(long)]
     pub title: Option<String>,
+    /// -100..=100; higher runs first.
     #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
     pub priority: i64,
     /// Run only after this task is done (repeatable).
-    #[arg(long = "after", value_name = "ID")]
-    pub after: Vec<i64>,
-    /// provider/model
+    #[arg(long = "depends-on", visible_alias = "after", value_name = "ID")]
+    pub depends_on: Vec<i64>,
+    /// provider/model, checked against the models OpenCode offers (`taskbridge models`).
     #[arg(long)]
     pub model: Option<String>,
     /// OpenCode agent name.
     #[arg(long)]
     pub agent: Option<String>,
+    /// The agent may read but not edit; anything it changes anyway is reverted.
     #[arg(long)]
     pub readonly: bool,
+    /// Deny the agent's web fetch and web search tools.
     #[arg(long)]
     pub no_network: bool,
+    /// Deny the agent's shell tool.
     #[arg(long)]
     pub no_shell: bool,
-    #[arg(long)]
-    pub keep_worktree: bool,
+    /// Keep the worktree after the task is done (it is removed by default; the branch always
+    /// stays).
+    #[arg(long = "worktree-keep", visible_alias = "keep-worktree")]
+    pub worktree_keep: bool,
+    /// Attempts before the task fails for good.
     #[arg(long, default_value_t = queue::DEFAULT_MAX_ATTEMPTS)]
     pub max_attempts: i64,
     /// Seconds before the run is stopped.
@@ -164,14 +198,16 @@ pub struct SubmitArgs {
     /// Idempotency key: a second submit with the same key returns the first task.
     #[arg(long)]
     pub request_id: Option<String>,
+    /// Print the whole task as JSON instead of its id.
     #[arg(long)]
     pub json: bool,
 }
 
 #[derive(Debug, Args, Clone)]
 pub struct WorkerArgs {
-    #[arg(long, default_value_t = 2)]
-    pub concurrency: usize,
+    /// Tasks run at once (default 2, or `[worker] concurrency` in the config file).
+    #[arg(long)]
+    pub concurrency: Option<usize>,
     /// Exit once nothing is running or runnable.
     #[arg(long)]
     pub once: bool,
@@ -188,8 +224,9 @@ pub struct EmbeddedWorker {
     /// Do not run a worker in this process.
     #[arg(long)]
     pub no_worker: bool,
-    #[arg(long, default_value_t = 2)]
-    pub concurrency: usize,
+    /// Tasks run at once (default 2, or `[worker] concurrency` in the config file).
+    #[arg(long)]
+    pub concurrency: Option<usize>,
     /// Offer the reverse bridge (`claude-mcp`) to every task run, so the agent can ask Claude.
     #[arg(long)]
     pub claude_bridge: bool,

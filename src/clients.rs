@@ -111,6 +111,35 @@ pub fn merge_into(
     Ok(backup)
 }
 
+/// Quotes a word for a POSIX shell, so a pasted line survives spaces and quotes in paths.
+pub fn shell_quote(word: &str) -> String {
+    if !word.is_empty()
+        && word.chars().all(|c| c.is_ascii_alphanumeric() || "/._-:=@%+,".contains(c))
+    {
+        return word.to_owned();
+    }
+    format!("'{}'", word.replace('\'', "'\\''"))
+}
+
+/// The lines `config claude-code` prints. Claude Code's `-e` and `--header` take several values,
+/// so the server name must come before them or it is read as one more value.
+pub fn claude_code_lines(home: &Path, exe: &Path, http_url: &str) -> Vec<String> {
+    vec![
+        "# stdio, for every project (the worker runs inside; recommended):".to_owned(),
+        format!(
+            "claude mcp add taskbridge -s user -e TASKBRIDGE_HOME={} -- {} mcp",
+            shell_quote(&home.display().to_string()),
+            shell_quote(&exe.display().to_string())
+        ),
+        "# or Streamable HTTP, with `taskbridge serve` (or the TUI) running; -s user registers it \
+         for every project, -s local (Claude Code's default) for the current directory only:"
+            .to_owned(),
+        format!("claude mcp add taskbridge -s user --transport http {}", shell_quote(http_url)),
+        "# when the server has a token, append:  --header \"Authorization: Bearer $TOKEN\""
+            .to_owned(),
+    ]
+}
+
 pub fn run(client: &str, write: bool, home: &Path, http_url: &str) -> anyhow::Result<()> {
     match client {
         "claude-desktop" => {
@@ -118,14 +147,14 @@ pub fn run(client: &str, write: bool, home: &Path, http_url: &str) -> anyhow::Re
             let entry = stdio_entry(home, false)?;
             if write {
                 let backup = merge_into(&path, "mcpServers", "taskbridge", entry)?;
-                println!("added \"taskbridge\" to {}", path.display());
+                outln!("added \"taskbridge\" to {}", path.display());
                 if let Some(b) = backup {
-                    println!("the previous file is kept as {}", b.display());
+                    outln!("the previous file is kept as {}", b.display());
                 }
-                println!("restart Claude Desktop to load it");
+                outln!("restart Claude Desktop to load it");
             } else {
-                println!("# {} (merge into \"mcpServers\"; --write does it)", path.display());
-                println!(
+                outln!("# {} (merge into \"mcpServers\"; --write does it)", path.display());
+                outln!(
                     "{}",
                     serde_json::to_string_pretty(&json!({"mcpServers": {"taskbridge": entry}}))?
                 );
@@ -137,22 +166,14 @@ pub fn run(client: &str, write: bool, home: &Path, http_url: &str) -> anyhow::Re
                 let path = home_dir()?.join(".claude.json");
                 let backup =
                     merge_into(&path, "mcpServers", "taskbridge", stdio_entry(home, true)?)?;
-                println!("added \"taskbridge\" (user scope) to {}", path.display());
+                outln!("added \"taskbridge\" (user scope) to {}", path.display());
                 if let Some(b) = backup {
-                    println!("the previous file is kept as {}", b.display());
+                    outln!("the previous file is kept as {}", b.display());
                 }
             } else {
-                println!("# stdio (the worker runs inside; recommended):");
-                println!(
-                    "claude mcp add -s user -e TASKBRIDGE_HOME='{}' taskbridge -- '{}' mcp",
-                    home.display(),
-                    exe.display()
-                );
-                println!("# or Streamable HTTP, with `taskbridge serve` (or the TUI) running:");
-                println!("claude mcp add --transport http taskbridge {http_url}");
-                println!(
-                    "# add  --header \"Authorization: Bearer $TOKEN\"  when the server has a token"
-                );
+                for line in claude_code_lines(home, &exe, http_url) {
+                    outln!("{line}");
+                }
             }
         }
         "opencode" => {
@@ -161,15 +182,15 @@ pub fn run(client: &str, write: bool, home: &Path, http_url: &str) -> anyhow::Re
             let name = worker::runner::BRIDGE_MCP_NAME;
             if write {
                 let backup = merge_into(&path, "mcp", name, entry)?;
-                println!("added the Claude bridge as mcp.{name} to {}", path.display());
+                outln!("added the Claude bridge as mcp.{name} to {}", path.display());
                 if let Some(b) = backup {
-                    println!("the previous file is kept as {}", b.display());
+                    outln!("the previous file is kept as {}", b.display());
                 }
             } else {
-                println!("# {} (merge into \"mcp\"; --write does it)", path.display());
-                println!("{}", serde_json::to_string_pretty(&json!({"mcp": {name: entry}}))?);
+                outln!("# {} (merge into \"mcp\"; --write does it)", path.display());
+                outln!("{}", serde_json::to_string_pretty(&json!({"mcp": {name: entry}}))?);
             }
-            println!(
+            outln!(
                 "# the bridge uses ANTHROPIC_API_KEY when OpenCode has it, else the `claude` CLI's \
                  login; `taskbridge worker --claude-bridge` offers it to TaskBridge's own runs"
             );

@@ -16,11 +16,14 @@ fn read_arg(text: &str, what: &str) -> anyhow::Result<String> {
     std::io::stdin()
         .read_to_string(&mut s)
         .with_context(|| format!("reading the {what} from stdin"))?;
+    // `echo … |` and heredocs end with a newline that is not part of what was meant.
+    let kept = s.trim_end_matches(['\n', '\r']).len();
+    s.truncate(kept);
     Ok(s)
 }
 
 fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
-    println!("{}", serde_json::to_string_pretty(v)?);
+    outln!("{}", serde_json::to_string_pretty(v)?);
     Ok(())
 }
 
@@ -57,7 +60,7 @@ pub fn run(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode> {
             let task = store.get(TaskId(id))?;
             let path = worker::logs::log_path(&ctx.home.logs_dir(), task.id.0);
             let mut chunk = worker::logs::read_log(&path, offset, max_bytes)?;
-            print!("{}", chunk.text);
+            out!("{}", chunk.text);
             // Follow until the task stops running (finished, or waiting for an answer).
             if follow {
                 loop {
@@ -69,33 +72,33 @@ pub fn run(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode> {
                         std::thread::sleep(std::time::Duration::from_millis(200));
                     }
                     chunk = worker::logs::read_log(&path, Some(chunk.next_offset), max_bytes)?;
-                    print!("{}", chunk.text);
+                    out!("{}", chunk.text);
                 }
             }
         }
         Command::Cancel { id } => {
             let t = store.cancel(TaskId(id))?;
             if t.status == TaskStatus::Running {
-                println!("task {id}: cancel requested; its worker stops the agent");
+                outln!("task {id}: cancel requested; its worker stops the agent");
             } else {
-                println!("task {id}: {}", t.status);
+                outln!("task {id}: {}", t.status);
             }
         }
         Command::Retry { id } => {
             let t = store.retry(TaskId(id))?;
-            println!("task {id}: {}", t.display_status);
+            outln!("task {id}: {}", t.display_status);
         }
         Command::Note { id, text } => {
-            store.note(TaskId(id), &read_arg(&text, "note")?)?;
-            println!("task {id}: note added");
+            store.add_note(TaskId(id), &read_arg(&text, "note")?)?;
+            outln!("task {id}: note added");
         }
         Command::Answer { id, text } => {
             let t = store.answer(TaskId(id), &read_arg(&text, "answer")?)?;
-            println!("task {id}: answered; {} to resume its session", t.display_status);
+            outln!("task {id}: answered; {} to resume its session", t.display_status);
         }
         Command::Priority { id, priority } => {
             let t = store.set_priority(TaskId(id), priority)?;
-            println!("task {id}: priority {}", t.priority);
+            outln!("task {id}: priority {}", t.priority);
         }
         Command::Clear { older_than, statuses } => {
             let secs = parse_duration(&older_than)?;
@@ -105,37 +108,72 @@ pub fn run(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode> {
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(anyhow::Error::msg)?;
             let cleared = worker::clear::clear_finished(store, &ctx.home, secs, &statuses)?;
-            println!("cleared {} task(s)", cleared.len());
+            outln!("cleared {} task(s)", cleared.len());
         }
         Command::Status { json } => {
-            let st = store.status()?;
+            let st = store.queue_status()?;
             if json {
                 print_json(&st)?;
             } else {
-                println!("database: {}", ctx.db_path.display());
+                outln!("database: {}", ctx.db_path.display());
                 let order =
                     ["queued", "blocked", "running", "waiting", "done", "failed", "cancelled"];
                 let counts: Vec<String> = order
                     .iter()
                     .map(|k| format!("{k} {}", st.counts.get(*k).unwrap_or(&0)))
                     .collect();
-                println!("tasks: {}", counts.join(", "));
+                outln!("tasks: {}", counts.join(", "));
                 if let Some(age) = st.oldest_queued_age_s {
-                    println!("oldest queued: {}", human_duration(age));
+                    outln!("oldest queued: {}", human_duration(age));
                 }
-                println!(
+                outln!(
                     "default model: {}",
                     st.default_model.as_deref().unwrap_or("(OpenCode's own)")
                 );
-                println!("workers alive: {}", st.workers_alive);
+                outln!("workers alive: {}", st.workers_alive);
                 for w in st.workers.iter().filter(|w| !w.stopped) {
                     let tasks: Vec<String> =
                         w.current_tasks.iter().map(|t| t.0.to_string()).collect();
-                    println!(
+                    outln!(
                         "  {} pid {}{} running [{}]",
                         w.id,
                         w.pid,
                         if w.stale { " (stale)" } else { "" },
+                        tasks.join(", ")
+                    );
+                }
+            }
+        }
+        Command::ListWorkers { json } => {
+            let workers = store.list_workers()?;
+            if json {
+                print_json(&workers)?;
+            } else if workers.is_empty() {
+                outln!("no workers have run on this database; start one with `taskbridge worker`");
+            } else {
+                outln!(
+                    "{:<28}  {:>7}  {:<16}  {:<8}  {:>9}  TASKS",
+                    "ID",
+                    "PID",
+                    "HOST",
+                    "STATE",
+                    "HEARTBEAT"
+                );
+                for w in &workers {
+                    let state = match (w.stopped, w.stale) {
+                        (true, _) => "stopped",
+                        (false, true) => "stale",
+                        (false, false) => "alive",
+                    };
+                    let tasks: Vec<String> =
+                        w.current_tasks.iter().map(|t| t.0.to_string()).collect();
+                    outln!(
+                        "{:<28}  {:>7}  {:<16}  {:<8}  {:>9}  {}",
+                        truncate(&w.id, 28),
+                        w.pid,
+                        truncate(&w.host, 16),
+                        state,
+                        format!("{} ago", human_duration(now() - w.heartbeat_at)),
                         tasks.join(", ")
                     );
                 }
@@ -166,25 +204,29 @@ fn submit(ctx: &Ctx, a: SubmitArgs) -> anyhow::Result<()> {
     let spec = &mut req.spec;
     spec.title = a.title;
     spec.priority = a.priority;
-    spec.depends_on = a.after.into_iter().map(|i| DepRef::Task(TaskId(i))).collect();
+    spec.depends_on = a.depends_on.into_iter().map(|i| DepRef::Task(TaskId(i))).collect();
     spec.model = a.model;
     spec.agent = a.agent;
     spec.readonly = a.readonly;
     spec.no_network = a.no_network;
     spec.no_shell = a.no_shell;
-    spec.worktree_keep = a.keep_worktree;
+    spec.worktree_keep = a.worktree_keep;
     spec.max_attempts = a.max_attempts;
     spec.timeout_s = a.timeout;
     spec.question_timeout_s = a.question_timeout;
     spec.request_id = a.request_id;
-    let (task, created) = worker::submit(&ctx.store, &ctx.cwd, req)?;
+    let (task, created, warnings) =
+        worker::submit(&ctx.store, &ctx.cwd, &ctx.config.worker.opencode, req)?;
     if a.json {
         print_json(&task)?;
     } else {
-        println!("{}", task.id.0);
+        outln!("{}", task.id.0);
         if !created {
             eprintln!("(request id seen before: this is the task it created)");
         }
+    }
+    for w in warnings {
+        eprintln!("warning: {w}");
     }
     Ok(())
 }
@@ -242,19 +284,24 @@ fn truncate(s: &str, n: usize) -> String {
 
 fn print_table(tasks: &[Task]) {
     if tasks.is_empty() {
-        println!("no tasks");
+        outln!("no tasks");
         return;
     }
-    println!(
+    outln!(
         "{:>5}  {:<9}  {:>4}  {:>3}  {:>7}  {:<40}  REPO",
-        "ID", "STATE", "PRI", "TRY", "AGE", "TITLE"
+        "ID",
+        "STATE",
+        "PRI",
+        "TRY",
+        "AGE",
+        "TITLE"
     );
     for t in tasks {
         let repo = std::path::Path::new(&t.repo)
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        println!(
+        outln!(
             "{:>5}  {:<9}  {:>4}  {:>3}  {:>7}  {:<40}  {}",
             t.id.0,
             t.display_status,
@@ -268,15 +315,15 @@ fn print_table(tasks: &[Task]) {
 }
 
 fn print_task(t: &Task) {
-    println!("task {}: {}", t.id.0, t.title);
-    println!("  state:     {} (attempt {} of {})", t.display_status, t.attempts, t.max_attempts);
-    println!("  repo:      {} @ {}", t.repo, &t.base[..t.base.len().min(12)]);
-    println!("  priority:  {}", t.priority);
+    outln!("task {}: {}", t.id.0, t.title);
+    outln!("  state:     {} (attempt {} of {})", t.display_status, t.attempts, t.max_attempts);
+    outln!("  repo:      {} @ {}", t.repo, &t.base[..t.base.len().min(12)]);
+    outln!("  priority:  {}", t.priority);
     if let Some(m) = &t.model {
-        println!("  model:     {m}");
+        outln!("  model:     {m}");
     }
     if let Some(a) = &t.agent {
-        println!("  agent:     {a}");
+        outln!("  agent:     {a}");
     }
     let flags: Vec<&str> = [
         (t.readonly, "readonly"),
@@ -289,28 +336,28 @@ fn print_task(t: &Task) {
     .map(|(_, n)| *n)
     .collect();
     if !flags.is_empty() {
-        println!("  flags:     {}", flags.join(", "));
+        outln!("  flags:     {}", flags.join(", "));
     }
     if !t.depends_on.is_empty() {
         let ids = |v: &[TaskId]| v.iter().map(|i| i.0.to_string()).collect::<Vec<_>>().join(", ");
-        println!("  after:     {} (waiting on: {})", ids(&t.depends_on), ids(&t.waiting_on));
+        outln!("  after:     {} (waiting on: {})", ids(&t.depends_on), ids(&t.waiting_on));
     }
     if let Some(b) = &t.branch {
-        println!("  branch:    {b}");
+        outln!("  branch:    {b}");
     }
     if let Some(w) = &t.worktree {
-        println!("  worktree:  {w}");
+        outln!("  worktree:  {w}");
     }
     if let Some(s) = &t.session_id {
-        println!("  session:   {s}");
+        outln!("  session:   {s}");
     }
     if let Some(q) = &t.question {
-        println!("  QUESTION:  {q}");
-        println!("             answer with: taskbridge answer {} \"...\"", t.id.0);
+        outln!("  QUESTION:  {q}");
+        outln!("             answer with: taskbridge answer {} \"...\"", t.id.0);
     }
     for (i, q) in t.questions.iter().enumerate() {
         if q.answer.is_some() {
-            println!(
+            outln!(
                 "  Q{}: {}\n  A{}: {}",
                 i + 1,
                 q.question,
@@ -320,37 +367,43 @@ fn print_task(t: &Task) {
         }
     }
     for n in &t.notes {
-        println!("  note: {}{}", n.note, if n.delivered { "" } else { " (not yet delivered)" });
+        outln!("  note: {}{}", n.note, if n.delivered { "" } else { " (not yet delivered)" });
     }
     if let Some(e) = &t.error {
-        println!("  error:     {e}");
+        outln!("  error:     {e}");
     }
     if let Some(r) =
         t.result.as_ref().and_then(|r| serde_json::from_value::<TaskResult>(r.clone()).ok())
     {
-        println!("  summary:   {}", r.summary.replace('\n', "\n             "));
+        if !r.summary.trim().is_empty() {
+            outln!("  summary:   {}", r.summary.trim().replace('\n', "\n             "));
+        }
         for f in &r.files_touched {
-            println!("  file:      {} {}", f.status, f.path);
+            outln!("  file:      {} {}", f.status, f.path);
         }
         for test in &r.tests_run {
             let code = test.exit_code.map_or("?".to_owned(), |c| c.to_string());
             let seen = if test.observed { "" } else { " (claimed, not observed)" };
-            println!("  test:      {} -> exit {code}{seen}", test.command);
+            outln!("  test:      {} -> exit {code}{seen}", test.command);
         }
         for q in &r.open_questions {
-            println!("  open:      {q}");
+            outln!("  open:      {q}");
         }
         let u = &r.usage;
-        println!(
+        outln!(
             "  usage:     {} in, {} out, {} cache read, {} cache write, ${:.4}",
-            u.input_tokens, u.output_tokens, u.cache_read_tokens, u.cache_write_tokens, u.cost_usd
+            u.input_tokens,
+            u.output_tokens,
+            u.cache_read_tokens,
+            u.cache_write_tokens,
+            u.cost_usd
         );
         if let Some(c) = &r.commit {
-            println!("  commit:    {c}");
+            outln!("  commit:    {c}");
         }
         if !r.reverted_files.is_empty() {
-            println!("  reverted:  {}", r.reverted_files.join(", "));
+            outln!("  reverted:  {}", r.reverted_files.join(", "));
         }
     }
-    println!("  prompt:\n    {}", t.prompt.replace('\n', "\n    "));
+    outln!("  prompt:\n    {}", t.prompt.replace('\n', "\n    "));
 }

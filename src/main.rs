@@ -1,9 +1,12 @@
 //! `taskbridge`: the one binary. Thin wiring only: it parses the command line, opens the home and
 //! the queue, and hands over to the queue, worker, MCP and UI crates.
 
+#[macro_use]
+mod output;
 mod cli;
 mod clients;
 mod commands;
+mod config;
 mod logging;
 mod public;
 mod run;
@@ -20,6 +23,7 @@ pub struct Ctx {
     pub db_path: PathBuf,
     pub store: Arc<queue::Store>,
     pub cwd: PathBuf,
+    pub config: config::Config,
 }
 
 fn open(cli: &cli::Cli) -> anyhow::Result<Ctx> {
@@ -30,7 +34,8 @@ fn open(cli: &cli::Cli) -> anyhow::Result<Ctx> {
     let store = queue::Store::open(&db_path)
         .with_context(|| format!("opening the queue at {}", db_path.display()))?;
     let cwd = std::env::current_dir().context("reading the current directory")?;
-    Ok(Ctx { home, db_path, store: Arc::new(store), cwd })
+    let config = config::Config::load(cli.config.as_deref())?;
+    Ok(Ctx { home, db_path, store: Arc::new(store), cwd, config })
 }
 
 fn main() -> std::process::ExitCode {

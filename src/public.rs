@@ -251,8 +251,8 @@ pub async fn open(
 /// printed here.
 pub fn claude_add_line(url: &str, home: &Path) -> String {
     format!(
-        "claude mcp add --transport http taskbridge {url}/mcp --header \"Authorization: Bearer $(cat '{}')\"",
-        home.join("public-token").display()
+        "claude mcp add taskbridge -s user --transport http {url}/mcp --header \"Authorization: Bearer $(cat {})\"",
+        crate::clients::shell_quote(&home.join("public-token").display().to_string())
     )
 }
 

@@ -4,9 +4,8 @@ use crate::Ctx;
 use crate::cli::{Command, EmbeddedWorker};
 use anyhow::Context;
 use std::process::ExitCode;
-use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
-use worker::{Worker, WorkerConfig};
+use worker::{RunningWorker, Worker, WorkerConfig};
 
 /// The command OpenCode runs to start the reverse bridge on this home and database.
 pub fn bridge_command(ctx: &Ctx) -> anyhow::Result<Vec<String>> {
@@ -21,45 +20,26 @@ pub fn bridge_command(ctx: &Ctx) -> anyhow::Result<Vec<String>> {
     ])
 }
 
+/// The configured worker with this command's flags applied.
 fn worker_config(
     ctx: &Ctx,
-    concurrency: usize,
+    concurrency: Option<usize>,
     once: bool,
     model: Option<String>,
     claude_bridge: bool,
 ) -> anyhow::Result<WorkerConfig> {
-    let mut cfg = WorkerConfig {
-        concurrency: concurrency.max(1),
-        once,
-        default_model: model,
-        claude_bridge: if claude_bridge { Some(bridge_command(ctx)?) } else { None },
-        ..Default::default()
-    };
-    if let Some(ms) = std::env::var("TASKBRIDGE_RETRY_BASE_MS").ok().and_then(|v| v.parse().ok()) {
-        cfg.retry_base = std::time::Duration::from_millis(ms);
+    let mut cfg = ctx.config.worker.clone();
+    if let Some(c) = concurrency {
+        cfg.concurrency = c.max(1);
     }
-    if let Some(s) = std::env::var("TASKBRIDGE_LEASE_S").ok().and_then(|v| v.parse::<f64>().ok()) {
-        cfg.lease = std::time::Duration::from_secs_f64(s.max(0.5));
+    cfg.once = once;
+    if model.is_some() {
+        cfg.default_model = model;
     }
-    if cfg.default_model.is_none() {
-        cfg.default_model = std::env::var("TASKBRIDGE_MODEL").ok().filter(|m| !m.is_empty());
+    if claude_bridge || ctx.config.claude_bridge {
+        cfg.claude_bridge = Some(bridge_command(ctx)?);
     }
     Ok(cfg)
-}
-
-/// Starts a worker on the runtime; it wakes on commits from other processes too.
-pub fn spawn_worker(
-    ctx: &Ctx,
-    cfg: WorkerConfig,
-    shutdown: CancellationToken,
-) -> anyhow::Result<(Arc<Worker>, tokio::task::JoinHandle<worker::Result<()>>, queue::ChangeWatcher)>
-{
-    let w = Worker::new(ctx.store.clone(), ctx.home.clone(), cfg);
-    let waker = w.waker();
-    let watcher = queue::ChangeWatcher::spawn(&ctx.db_path, move || waker.notify_one())
-        .context("watching the database for changes")?;
-    let handle = tokio::spawn(w.clone().run(shutdown));
-    Ok((w, handle, watcher))
 }
 
 /// Cancels `token` on SIGINT or SIGTERM.
@@ -86,32 +66,29 @@ pub async fn long_running(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode
         Command::Worker(args) => {
             let cfg =
                 worker_config(&ctx, args.concurrency, args.once, args.model, args.claude_bridge)?;
-            let (w, handle, _watcher) = spawn_worker(&ctx, cfg, shutdown)?;
-            eprintln!("taskbridge worker {} on {}", w.id(), ctx.db_path.display());
-            handle.await.context("worker task")??;
+            let running = Worker::start(ctx.store.clone(), ctx.home.clone(), cfg, shutdown);
+            eprintln!("taskbridge worker {} on {}", running.worker.id(), ctx.db_path.display());
+            running.handle.await.context("worker task")??;
         }
         Command::Models { provider, set_default, refresh } => {
-            let opencode = WorkerConfig::default().opencode;
-            if let Some(m) = set_default {
-                worker::models::set_default_model(&ctx.store, &opencode, &m).await?;
-                println!("default model: {m}");
-            } else {
-                for m in
-                    worker::models::list_models(&ctx.store, &opencode, provider.as_deref(), refresh)
-                        .await?
-                {
-                    println!("{m}");
+            let opencode = ctx.config.worker.opencode.clone();
+            let store = ctx.store.clone();
+            let listed = tokio::task::spawn_blocking(move || match set_default {
+                Some(m) => worker::models::set_default_model(&store, &opencode, &m)
+                    .map(|()| vec![format!("default model: {m}")]),
+                None => {
+                    worker::models::list_models(&store, &opencode, provider.as_deref(), refresh)
                 }
+            })
+            .await
+            .context("listing models")??;
+            for line in listed {
+                outln!("{line}");
             }
         }
         Command::Mcp { worker: emb } => {
             let embedded = embedded(&ctx, &emb, shutdown.clone())?;
-            let server = mcp::TaskBridge::new(
-                ctx.store.clone(),
-                ctx.home.clone(),
-                ctx.cwd.clone(),
-                embedded.as_ref().map(|e| e.0.clone()),
-            );
+            let server = mcp_server(&ctx, &emb, embedded.as_ref())?;
             let result = mcp::serve_stdio(server.clone(), shutdown.clone()).await;
             server.shutdown();
             shutdown.cancel();
@@ -126,23 +103,38 @@ pub async fn long_running(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode
     Ok(ExitCode::SUCCESS)
 }
 
-type Embedded = (Arc<Worker>, tokio::task::JoinHandle<worker::Result<()>>, queue::ChangeWatcher);
-
 fn embedded(
     ctx: &Ctx,
     emb: &EmbeddedWorker,
     shutdown: CancellationToken,
-) -> anyhow::Result<Option<Embedded>> {
+) -> anyhow::Result<Option<RunningWorker>> {
     if emb.no_worker {
         return Ok(None);
     }
     let cfg = worker_config(ctx, emb.concurrency, false, None, emb.claude_bridge)?;
-    spawn_worker(ctx, cfg, shutdown).map(Some)
+    Ok(Some(Worker::start(ctx.store.clone(), ctx.home.clone(), cfg, shutdown)))
 }
 
-async fn finish_embedded(embedded: Option<Embedded>) {
-    if let Some((_, handle, _)) = embedded
-        && let Ok(Err(e)) = handle.await
+/// The TaskBridge MCP server, with the same worker configuration as this process's own worker,
+/// so a worker that `restart_worker` starts is the worker this command was asked to run.
+fn mcp_server(
+    ctx: &Ctx,
+    emb: &EmbeddedWorker,
+    embedded: Option<&RunningWorker>,
+) -> anyhow::Result<mcp::TaskBridge> {
+    let cfg = worker_config(ctx, emb.concurrency, false, None, emb.claude_bridge)?;
+    Ok(mcp::TaskBridge::new(
+        ctx.store.clone(),
+        ctx.home.clone(),
+        ctx.cwd.clone(),
+        embedded.map(|e| e.worker.clone()),
+        cfg,
+    ))
+}
+
+async fn finish_embedded(embedded: Option<RunningWorker>) {
+    if let Some(running) = embedded
+        && let Ok(Err(e)) = running.handle.await
     {
         tracing::error!(error = %e, "embedded worker stopped with an error");
     }
@@ -201,13 +193,10 @@ async fn tui(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     // Everything that can fail on bad input fails here, before the terminal is taken over.
-    let keymap_path = args.keymap.clone().or_else(|| {
-        let dir =
-            std::env::var_os("XDG_CONFIG_HOME").map(std::path::PathBuf::from).or_else(|| {
-                std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".config"))
-            })?;
-        Some(dir.join("taskbridge/keymap.toml")).filter(|p| p.exists())
-    });
+    let keymap_path = args
+        .keymap
+        .clone()
+        .or_else(|| Some(crate::config::config_dir()?.join("keymap.toml")).filter(|p| p.exists()));
     let user_keymap = match &keymap_path {
         Some(p) => Some(
             std::fs::read_to_string(p)
@@ -256,20 +245,18 @@ async fn tui(
     }
 
     let embedded = embedded(&ctx, &args.worker, shutdown.clone())?;
-    let worker = embedded.as_ref().map(|e| e.0.clone());
+    let worker = embedded.as_ref().map(|e| e.worker.clone());
     let server_stop = shutdown.child_token();
-    let server_task = listener.map(|listener| {
-        let server = mcp::TaskBridge::new(
-            ctx.store.clone(),
-            ctx.home.clone(),
-            ctx.cwd.clone(),
-            worker.clone(),
-        );
-        if !roots.is_empty() {
-            server.restrict_repos(roots);
+    let server_task = match listener {
+        Some(listener) => {
+            let server = mcp_server(&ctx, &args.worker, embedded.as_ref())?;
+            if !roots.is_empty() {
+                server.restrict_repos(roots);
+            }
+            Some(tokio::spawn(mcp::serve_http(server, listener, http, server_stop.clone())))
         }
-        tokio::spawn(mcp::serve_http(server, listener, http, server_stop.clone()))
-    });
+        None => None,
+    };
     let (label_tx, label_rx) = tokio::sync::watch::channel(mcp_label);
     // A tunnel that dies takes the public URL with it: the header says so and the HTTP server
     // stops, as `serve --public` does; the TUI itself keeps running.
@@ -298,12 +285,13 @@ async fn tui(
         mcp: label_rx,
         token_set: token.is_some(),
         worker,
+        opencode: ctx.config.worker.opencode.clone(),
     };
     let result = ui::run(opts, shutdown.clone()).await;
     // Running tasks go back to the queue (the worker releases them) before the process exits.
     shutdown.cancel();
-    if let Some((_, handle, _)) = embedded {
-        let _ = tokio::time::timeout(std::time::Duration::from_secs(10), handle).await;
+    if let Some(running) = embedded {
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(10), running.handle).await;
     }
     if let Some(t) = server_task {
         let _ = tokio::time::timeout(std::time::Duration::from_secs(2), t).await;
@@ -336,17 +324,12 @@ async fn serve(
     let mut tunnel = None;
     if let Some(kind) = args.public {
         let t = crate::public::open(kind, addr, &args.http.listen, &mut http).await?;
-        println!("public MCP endpoint: {}/mcp", t.url);
-        println!("{}", crate::public::claude_add_line(&t.url, ctx.home.root()));
+        outln!("public MCP endpoint: {}/mcp", t.url);
+        outln!("{}", crate::public::claude_add_line(&t.url, ctx.home.root()));
         tunnel = Some(t);
     }
     let embedded = embedded(&ctx, &args.worker, shutdown.clone())?;
-    let server = mcp::TaskBridge::new(
-        ctx.store.clone(),
-        ctx.home.clone(),
-        ctx.cwd.clone(),
-        embedded.as_ref().map(|e| e.0.clone()),
-    );
+    let server = mcp_server(&ctx, &args.worker, embedded.as_ref())?;
     if !roots.is_empty() {
         server.restrict_repos(roots);
     }

@@ -78,7 +78,7 @@ pub fn service(action: &str, home: &Path) -> anyhow::Result<()> {
                     .with_context(|| format!("creating {}", dir.display()))?;
             }
             std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
-            println!("wrote {}", path.display());
+            outln!("wrote {}", path.display());
             let started = if mac {
                 run(Command::new("launchctl").arg("load").arg("-w").arg(&path))
             } else {
@@ -86,11 +86,11 @@ pub fn service(action: &str, home: &Path) -> anyhow::Result<()> {
                     && run(Command::new("systemctl").args(["--user", "enable", "--now", UNIT]))
             };
             if started {
-                println!("the service is running: http://127.0.0.1:8765/mcp");
+                outln!("the service is running: http://127.0.0.1:8765/mcp");
             } else if mac {
-                println!("start it with: launchctl load -w {}", path.display());
+                outln!("start it with: launchctl load -w {}", path.display());
             } else {
-                println!(
+                outln!(
                     "start it with: systemctl --user daemon-reload && systemctl --user enable --now {UNIT}"
                 );
             }
@@ -103,9 +103,9 @@ pub fn service(action: &str, home: &Path) -> anyhow::Result<()> {
                 run(Command::new("systemctl").args(["--user", "disable", "--now", UNIT]));
             }
             match std::fs::remove_file(&path) {
-                Ok(()) => println!("removed {}", path.display()),
+                Ok(()) => outln!("removed {}", path.display()),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    println!("no service was installed ({})", path.display())
+                    outln!("no service was installed ({})", path.display())
                 }
                 Err(e) => return Err(e).with_context(|| format!("removing {}", path.display())),
             }
@@ -116,20 +116,20 @@ pub fn service(action: &str, home: &Path) -> anyhow::Result<()> {
         "status" => {
             let path = if mac { plist_path()? } else { unit_path()? };
             if !path.exists() {
-                println!(
+                outln!(
                     "not installed ({} does not exist); `taskbridge service install` installs it",
                     path.display()
                 );
                 return Ok(());
             }
-            println!("installed: {}", path.display());
+            outln!("installed: {}", path.display());
             let shown = if mac {
                 run(Command::new("launchctl").args(["list", LABEL]))
             } else {
                 run(Command::new("systemctl").args(["--user", "--no-pager", "status", UNIT]))
             };
             if !shown {
-                println!("(the service manager did not report on it)");
+                outln!("(the service manager did not report on it)");
             }
         }
         other => bail!("unknown action '{other}'; use install, uninstall or status"),

@@ -9,7 +9,7 @@ mod support;
 use rmcp::model::{CallToolRequestParams, CallToolResult};
 use rmcp::service::{RoleClient, RunningService};
 use serde_json::{Value, json};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 use support::Env;
 use support::mock_anthropic::{MockAnthropic, Turn};
@@ -296,22 +296,10 @@ async fn without_a_key_or_a_cli_the_bridge_says_what_to_set_up() {
     assert_eq!(e, reason);
 }
 
-/// The pinned Claude Code CLI that `.ci/run` installs.
-fn claude_cli() -> PathBuf {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join(".tools/node_modules/.bin/claude");
-    assert!(
-        p.exists(),
-        "Claude Code is not installed at {}: run `npm install --prefix .tools \
-         @anthropic-ai/claude-code@2.1.197` (what .ci/run does)",
-        p.display()
-    );
-    p
-}
-
 /// A bridge whose backend is the real Claude Code CLI, pointed at `mock` with `token` (Bearer).
 async fn cli_bridge(env: &Env, mock: &MockAnthropic, token: &str) -> Bridge {
     let base = format!("http://127.0.0.1:{}", mock.port);
-    let cli = claude_cli();
+    let cli = support::claude_cli();
     let vars = [
         ("TASKBRIDGE_CLAUDE", cli.to_str().unwrap()),
         ("ANTHROPIC_BASE_URL", &base),

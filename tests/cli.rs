@@ -53,10 +53,10 @@ fn submit_list_show_and_the_json_forms() {
         .spawn()
         .unwrap();
     use std::io::Write;
-    child.stdin.take().unwrap().write_all(b"From stdin\nwith two lines").unwrap();
+    child.stdin.take().unwrap().write_all(b"From stdin\nwith two lines\n").unwrap();
     let out = child.wait_with_output().unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "3");
-    assert_eq!(env.show(3)["prompt"], "From stdin\nwith two lines");
+    assert_eq!(env.show(3)["prompt"], "From stdin\nwith two lines", "the final newline is dropped");
     assert_eq!(env.submit(&["other", "--request-id", "abc"]), 3);
 
     let st: Value = serde_json::from_str(&env.ok(&["status", "--json"])).unwrap();
@@ -175,4 +175,144 @@ fn a_missing_opencode_fails_the_task_with_how_to_install_it() {
     assert_eq!(t["status"], "failed");
     let e = t["error"].as_str().unwrap();
     assert!(e.contains("not found") && e.contains("npm install -g opencode-ai"), "{e}");
+}
+
+#[test]
+fn every_operation_answers_to_its_one_name_and_its_earlier_spellings() {
+    let env = Env::new();
+    let a = env.submit(&["first", "--worktree-keep"]);
+    let b = env.submit(&["second", "--depends-on", &a.to_string(), "--keep-worktree"]);
+    let c = env.submit(&["third", "--after", &b.to_string()]);
+    assert_eq!(env.show(b)["depends_on"], serde_json::json!([a]));
+    assert_eq!(env.show(c)["depends_on"], serde_json::json!([b]));
+    assert_eq!(env.show(b)["worktree_keep"], true);
+    let id = a.to_string();
+    for verb in ["add-note", "note", "add-task-note"] {
+        env.ok(&[verb, &id, verb]);
+    }
+    let notes: Vec<String> = env.show(a)["notes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["note"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(notes, ["add-note", "note", "add-task-note"]);
+    for (verb, p) in [("set-priority", "-7"), ("priority", "8"), ("set-task-priority", "9")] {
+        assert!(env.ok(&[verb, &id, p]).contains(&format!("priority {p}")), "{verb}");
+    }
+    for verb in ["get", "show", "get-task"] {
+        assert!(env.ok(&[verb, &id]).contains("task 1: first"), "{verb}");
+    }
+    for verb in ["queue-status", "status"] {
+        let st: serde_json::Value = serde_json::from_str(&env.ok(&[verb, "--json"])).unwrap();
+        assert_eq!(st["counts"]["queued"], 1, "{verb}");
+    }
+    for verb in ["list-workers", "workers", "worker-heartbeat"] {
+        assert!(env.ok(&[verb]).contains("no workers have run"), "{verb}");
+    }
+    for verb in ["cancel", "cancel-task"] {
+        env.ok(&[verb, &c.to_string()]);
+        env.ok(&["retry", &c.to_string()]);
+    }
+    env.ok(&["cancel", &c.to_string()]);
+    assert!(env.ok(&["clear-finished"]).contains("cleared 1 task"));
+    env.ok(&["cancel", &b.to_string()]);
+    assert!(env.ok(&["clear"]).contains("cleared 1 task"));
+}
+
+#[test]
+fn submit_help_describes_every_argument() {
+    let env = Env::new();
+    let help = env.ok(&["submit", "--help"]);
+    for arg in [
+        "<PROMPT>",
+        "--title",
+        "--readonly",
+        "--no-network",
+        "--no-shell",
+        "--worktree-keep",
+        "--depends-on",
+        "--json",
+    ] {
+        let lines: Vec<&str> = help.lines().collect();
+        let at = lines
+            .iter()
+            .position(|l| l.trim_start().starts_with(arg))
+            .unwrap_or_else(|| panic!("{arg} is not in the help:\n{help}"));
+        // Clap puts the description after the argument, or on the next line when it is long.
+        let same =
+            lines[at].trim_start()[arg.len()..].split_whitespace().filter(|w| !w.starts_with('<'));
+        let next =
+            lines.get(at + 1).filter(|l| !l.trim_start().starts_with('-')).copied().unwrap_or("");
+        let words = same.count() + next.split_whitespace().count();
+        let line = format!("{}\n{next}", lines[at]);
+        assert!(words >= 3, "{arg} has no description: '{line}'");
+    }
+}
+
+#[test]
+fn submit_says_when_no_worker_is_alive_to_run_the_task() {
+    let env = Env::new();
+    let out = env.run(&["submit", "x"]);
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no worker is running") && err.contains("taskbridge worker"), "{err}");
+
+    // With a worker alive, nothing to warn about. The worker has no OpenCode, so its task
+    // fails at once; that does not matter here.
+    let _worker = env.start_worker(1);
+    assert!(eventually(std::time::Duration::from_secs(20), || {
+        env.ok(&["list-workers"]).contains("alive")
+    }));
+    let out = env.run(&["submit", "y"]);
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "", "no warning with a worker alive");
+}
+
+/// Runs `taskbridge ARGS`, reads `keep` bytes of its output and closes the pipe.
+fn read_then_close(env: &Env, args: &[&str], keep: usize) -> (std::process::ExitStatus, String) {
+    use std::io::Read;
+    let mut child = env
+        .cmd()
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = vec![0u8; keep];
+    child.stdout.take().unwrap().read_exact(&mut first).unwrap();
+    // The read end is closed here, as `head` closes it.
+    let out = child.wait_with_output().unwrap();
+    (out.status, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn a_closed_stdout_ends_every_printing_command_quietly() {
+    let env = Env::new();
+    env.submit(&["x"]);
+    // Enough output to overflow a pipe's buffer, so the writer meets the closed end.
+    let store = queue::Store::open(env.home.join("taskbridge.db")).unwrap();
+    let base = env.show(1)["base"].as_str().unwrap().to_owned();
+    let repo = env.repo.display().to_string();
+    let specs: Vec<queue::TaskSpec> = (0..1500)
+        .map(|i| {
+            queue::TaskSpec::new(
+                format!("task {i} {}", "p".repeat(150_000 * (i == 0) as usize)),
+                &repo,
+                &base,
+            )
+        })
+        .collect();
+    store.submit_batch(specs).unwrap();
+    std::fs::write(env.home.join("logs/2.log"), "a log line\n".repeat(30_000)).unwrap();
+    for args in [
+        vec!["list", "--limit", "1600"],
+        vec!["list", "--limit", "1600", "--json"],
+        vec!["show", "2", "--json"],
+        vec!["logs", "2", "--max-bytes", "300000"],
+    ] {
+        let (status, stderr) = read_then_close(&env, &args, 10);
+        assert!(status.success(), "{args:?}: {status:?} {stderr}");
+        assert_eq!(stderr, "", "{args:?} printed on stderr");
+    }
 }

@@ -195,8 +195,8 @@ fn config_writers_merge_without_losing_keys() {
     assert_eq!(v["mcpServers"]["taskbridge"]["type"], "stdio");
     let lines = env.ok(&["config", "claude-code"]);
     assert!(
-        lines.contains("claude mcp add -s user")
-            && lines.contains("claude mcp add --transport http"),
+        lines.contains("claude mcp add taskbridge -s user -e TASKBRIDGE_HOME=")
+            && lines.contains("claude mcp add taskbridge -s user --transport http"),
         "{lines}"
     );
 

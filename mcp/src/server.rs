@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use worker::{TaskResult, Worker, WorkerConfig};
+use worker::{RunningWorker, TaskResult, Worker, WorkerConfig};
 
 pub type ToolResult = Result<CallToolResult, ErrorData>;
 
@@ -29,6 +29,11 @@ struct Inner {
     changes: watch::Sender<u64>,
     _watcher: Option<queue::ChangeWatcher>,
     worker: Mutex<Option<Arc<Worker>>>,
+    /// How this process's worker is configured; a worker started by `restart_worker` gets the
+    /// same configuration (concurrency, model, bridge, OpenCode, notifications).
+    worker_config: WorkerConfig,
+    /// A worker started by `restart_worker`, with the watcher that wakes it.
+    restarted: Mutex<Option<RunningWorker>>,
     repo_roots: std::sync::OnceLock<Vec<PathBuf>>,
     shutdown: CancellationToken,
 }
@@ -41,8 +46,14 @@ pub struct TaskBridge {
 
 impl TaskBridge {
     /// `worker` is the embedded worker, if this process runs one; `restart_worker` may start a
-    /// new one when none is alive.
-    pub fn new(store: Arc<Store>, home: Home, cwd: PathBuf, worker: Option<Arc<Worker>>) -> Self {
+    /// new one, configured as `worker_config`, when none is alive.
+    pub fn new(
+        store: Arc<Store>,
+        home: Home,
+        cwd: PathBuf,
+        worker: Option<Arc<Worker>>,
+        worker_config: WorkerConfig,
+    ) -> Self {
         let (changes, _) = watch::channel(0u64);
         let tx = changes.clone();
         store.on_change(move || tx.send_modify(|v| *v = v.wrapping_add(1)));
@@ -60,6 +71,8 @@ impl TaskBridge {
                 changes,
                 _watcher: watcher,
                 worker: Mutex::new(worker),
+                worker_config,
+                restarted: Mutex::new(None),
                 repo_roots: std::sync::OnceLock::new(),
                 shutdown: CancellationToken::new(),
             }),
@@ -85,7 +98,7 @@ impl TaskBridge {
         &self.inner.cwd
     }
     pub(crate) fn opencode(&self) -> PathBuf {
-        WorkerConfig::default().opencode
+        self.inner.worker_config.opencode.clone()
     }
     pub(crate) fn subscribe(&self) -> watch::Receiver<u64> {
         self.inner.changes.subscribe()
@@ -153,7 +166,7 @@ impl TaskBridge {
     }
 
     pub(crate) async fn restart_workers(&self) -> worker::Result<Value> {
-        let workers = self.blocking(|s| Ok(s.workers()?)).await?;
+        let workers = self.blocking(|s| Ok(s.list_workers()?)).await?;
         let mut restarted = Vec::new();
         let mut requeued = Vec::new();
         for w in workers.iter().filter(|w| {
@@ -171,7 +184,7 @@ impl TaskBridge {
             w.reap().await;
         }
         let alive = self
-            .blocking(|s| Ok(s.workers()?))
+            .blocking(|s| Ok(s.list_workers()?))
             .await?
             .iter()
             .filter(|w| !w.stopped && !w.stale)
@@ -194,14 +207,16 @@ impl TaskBridge {
             }
         }
         if alive == 0 && embedded.is_some() {
-            let w = Worker::new(
+            let running = Worker::start(
                 self.inner.store.clone(),
                 self.inner.home.clone(),
-                WorkerConfig::default(),
+                self.inner.worker_config.clone(),
+                self.inner.shutdown.child_token(),
             );
-            started = Some(w.id().to_owned());
-            tokio::spawn(w.clone().run(self.inner.shutdown.child_token()));
-            *self.inner.worker.lock().unwrap_or_else(|e| e.into_inner()) = Some(w);
+            started = Some(running.worker.id().to_owned());
+            *self.inner.worker.lock().unwrap_or_else(|e| e.into_inner()) =
+                Some(running.worker.clone());
+            *self.inner.restarted.lock().unwrap_or_else(|e| e.into_inner()) = Some(running);
         }
         Ok(json!({
             "restarted": restarted,
@@ -275,8 +290,24 @@ pub(crate) fn result_json(task: &Task, max_diff_bytes: usize) -> Value {
 static ROUTER: std::sync::LazyLock<rmcp::handler::server::router::tool::ToolRouter<TaskBridge>> =
     std::sync::LazyLock::new(TaskBridge::tool_router);
 
+/// Earlier names of tools, still accepted so no client breaks; `tools/list` shows only the
+/// current ones (README, "One name per operation").
+pub const TOOL_ALIASES: &[(&str, &str)] = &[("worker_heartbeat", "list_workers")];
+
 #[tool_handler(router = ROUTER)]
 impl ServerHandler for TaskBridge {
+    async fn call_tool(
+        &self,
+        mut request: rmcp::model::CallToolRequestParams,
+        context: rmcp::service::RequestContext<rmcp::RoleServer>,
+    ) -> Result<rmcp::model::CallToolResponse, ErrorData> {
+        if let Some((_, current)) = TOOL_ALIASES.iter().find(|(old, _)| *old == request.name) {
+            request.name = (*current).into();
+        }
+        let tcc = rmcp::handler::server::tool::ToolCallContext::new(self, request, context);
+        ROUTER.call(tcc).await
+    }
+
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
             .with_server_info(Implementation::new("taskbridge", env!("CARGO_PKG_VERSION")))

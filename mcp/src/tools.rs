@@ -338,11 +338,14 @@ impl TaskBridge {
             Ok(r) => r,
             Err(e) => return refuse(e),
         };
-        let cwd = self.cwd().to_path_buf();
-        match self.blocking(move |s| worker::submit(s, &cwd, req)).await {
-            Ok((task, created)) => {
+        let (cwd, opencode) = (self.cwd().to_path_buf(), self.opencode());
+        match self.blocking(move |s| worker::submit(s, &cwd, &opencode, req)).await {
+            Ok((task, created, warnings)) => {
                 let mut v = self.task_json(&task, false);
                 v["created"] = json!(created);
+                if !warnings.is_empty() {
+                    v["warnings"] = json!(warnings);
+                }
                 ok(v)
             }
             Err(e) => self.fail(e),
@@ -366,14 +369,15 @@ impl TaskBridge {
                 Err(e) => return refuse(e),
             }
         }
-        let cwd = self.cwd().to_path_buf();
-        match self.blocking(move |s| worker::submit_batch(s, &cwd, reqs)).await {
-            Ok(tasks) => ok(json!({
-                "tasks": tasks.iter().map(|(t, created)| {
+        let (cwd, opencode) = (self.cwd().to_path_buf(), self.opencode());
+        match self.blocking(move |s| worker::submit_batch(s, &cwd, &opencode, reqs)).await {
+            Ok(out) => ok(json!({
+                "tasks": out.tasks.iter().map(|(t, created)| {
                     let mut v = self.task_json(t, false);
                     v["created"] = json!(created);
                     v
-                }).collect::<Vec<_>>()
+                }).collect::<Vec<_>>(),
+                "warnings": out.warnings,
             })),
             Err(e) => self.fail(e),
         }
@@ -560,16 +564,16 @@ impl TaskBridge {
     /// Counts per state, the oldest queued task's age, workers and the default model.
     #[tool(annotations(title = "Queue status", read_only_hint = true))]
     async fn queue_status(&self, Parameters(_): Parameters<Empty>) -> ToolResult {
-        match self.read_now(|s| Ok(s.status()?)) {
+        match self.read_now(|s| Ok(s.queue_status()?)) {
             Ok(st) => ok(st),
             Err(e) => self.fail(e),
         }
     }
 
     /// Each worker: id, pid, host, started, last heartbeat, current tasks, and whether it is stale.
-    #[tool(annotations(title = "Worker heartbeats", read_only_hint = true))]
-    async fn worker_heartbeat(&self, Parameters(_): Parameters<Empty>) -> ToolResult {
-        match self.read_now(|s| Ok(s.workers()?)) {
+    #[tool(annotations(title = "List workers", read_only_hint = true))]
+    async fn list_workers(&self, Parameters(_): Parameters<Empty>) -> ToolResult {
+        match self.read_now(|s| Ok(s.list_workers()?)) {
             Ok(w) => ok(json!({ "workers": w })),
             Err(e) => self.fail(e),
         }
@@ -590,7 +594,7 @@ impl TaskBridge {
     /// answer, a running one when it next resumes.
     #[tool(annotations(title = "Add a note", read_only_hint = false))]
     async fn add_task_note(&self, Parameters(args): Parameters<NoteArgs>) -> ToolResult {
-        match self.blocking(move |s| Ok(s.note(TaskId(args.task_id), &args.note)?)).await {
+        match self.blocking(move |s| Ok(s.add_note(TaskId(args.task_id), &args.note)?)).await {
             Ok(task) => ok(self.task_json(&task, true)),
             Err(e) => self.fail(e),
         }
@@ -654,13 +658,12 @@ impl TaskBridge {
     /// Models OpenCode can use (from `opencode models`, cached for an hour).
     #[tool(annotations(title = "List models", read_only_hint = true))]
     async fn list_models(&self, Parameters(args): Parameters<ListModelsArgs>) -> ToolResult {
-        match worker::models::list_models(
-            self.store(),
-            &self.opencode(),
-            args.provider.as_deref(),
-            false,
-        )
-        .await
+        let opencode = self.opencode();
+        match self
+            .blocking(move |s| {
+                worker::models::list_models(s, &opencode, args.provider.as_deref(), false)
+            })
+            .await
         {
             Ok(models) => ok(json!({ "models": models })),
             Err(e) => self.fail(e),
@@ -670,7 +673,9 @@ impl TaskBridge {
     /// Set the model used by tasks that name none (checked against list_models).
     #[tool(annotations(title = "Set the default model", read_only_hint = false))]
     async fn set_default_model(&self, Parameters(args): Parameters<SetModelArgs>) -> ToolResult {
-        match worker::models::set_default_model(self.store(), &self.opencode(), &args.model).await {
+        let (opencode, model) = (self.opencode(), args.model.clone());
+        match self.blocking(move |s| worker::models::set_default_model(s, &opencode, &model)).await
+        {
             Ok(()) => ok(json!({ "default_model": args.model })),
             Err(e) => self.fail(e),
         }
@@ -679,7 +684,7 @@ impl TaskBridge {
     /// Version, database path and workers alive.
     #[tool(annotations(title = "Ping", read_only_hint = true))]
     async fn ping(&self, Parameters(_): Parameters<Empty>) -> ToolResult {
-        match self.read_now(|s| Ok(s.workers()?)) {
+        match self.read_now(|s| Ok(s.list_workers()?)) {
             Ok(workers) => ok(json!({
                 "version": env!("CARGO_PKG_VERSION"),
                 "database": self.store().path().display().to_string(),

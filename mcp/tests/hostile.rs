@@ -83,7 +83,7 @@ const TOOLS: &[&str] = &[
     "answer_task",
     "list_tasks",
     "queue_status",
-    "worker_heartbeat",
+    "list_workers",
     "add_task_note",
     "cancel_task",
     "retry_task",

@@ -36,7 +36,7 @@ async fn the_tool_list_matches_the_snapshot() {
         "answer_task",
         "list_tasks",
         "queue_status",
-        "worker_heartbeat",
+        "list_workers",
         "restart_worker",
         "add_task_note",
         "cancel_task",
@@ -254,6 +254,10 @@ async fn notes_priority_cancel_retry_and_clear() {
     assert_eq!(c["cleared"], json!([1]));
     assert!(!w.home.logs_dir().join("1.log").exists());
     assert_eq!(w.task_count(), 0);
-    let workers = w.call("worker_heartbeat", json!({})).await;
+    let workers = w.call("list_workers", json!({})).await;
     assert_eq!(workers["workers"], json!([]));
+    // The tool's earlier name still answers, with the same result, and is not listed.
+    assert_eq!(w.call("worker_heartbeat", json!({})).await, workers);
+    let tools = w.client.list_all_tools().await.unwrap();
+    assert!(tools.iter().all(|t| t.name != "worker_heartbeat"));
 }

@@ -553,8 +553,8 @@ impl Store {
         })
     }
 
-    pub fn status(&self) -> Result<QueueStatus> {
-        let workers = self.workers()?;
+    pub fn queue_status(&self) -> Result<QueueStatus> {
+        let workers = self.list_workers()?;
         self.read(|conn| {
             let mut counts: BTreeMap<String, i64> =
                 TaskStatus::ALL.iter().map(|s| (s.as_str().to_owned(), 0)).collect();
@@ -940,7 +940,7 @@ impl Store {
 
     /// Adds a note. A queued task's agent gets it with the prompt; a waiting one with the answer;
     /// a running one at its next resume.
-    pub fn note(&self, id: TaskId, note: &str) -> Result<Task> {
+    pub fn add_note(&self, id: TaskId, note: &str) -> Result<Task> {
         if note.trim().is_empty() {
             return Err(Error::invalid("note", "it is empty"));
         }
@@ -953,7 +953,7 @@ impl Store {
                 return Err(Error::InvalidTransition {
                     id,
                     from,
-                    action: "note",
+                    action: "add_note",
                     allowed: "queued, running or waiting",
                 });
             }
@@ -993,7 +993,7 @@ impl Store {
 
     /// Deletes finished tasks in `statuses` that finished at least `older_than_s` ago and
     /// returns them, so the caller can remove their logs and worktrees.
-    pub fn clear(&self, older_than_s: f64, statuses: &[TaskStatus]) -> Result<Vec<Task>> {
+    pub fn clear_finished(&self, older_than_s: f64, statuses: &[TaskStatus]) -> Result<Vec<Task>> {
         if let Some(s) = statuses.iter().find(|s| !s.is_terminal()) {
             return Err(Error::invalid(
                 "statuses",
@@ -1056,7 +1056,7 @@ impl Store {
     }
 
     /// Workers that are alive or stopped within the last day.
-    pub fn workers(&self) -> Result<Vec<WorkerInfo>> {
+    pub fn list_workers(&self) -> Result<Vec<WorkerInfo>> {
         self.read(|conn| {
             let mut stmt = conn.prepare(
                 "SELECT w.id, w.pid, w.host, w.started_at, w.heartbeat_at, w.concurrency,

@@ -128,7 +128,7 @@ fn chaos_every_task_ends_exactly_once() {
     let deadline = Instant::now() + Duration::from_secs(if n > 1000 { 1800 } else { 240 });
     loop {
         std::thread::sleep(Duration::from_millis(50 + next() % 200));
-        let st = store.status().unwrap();
+        let st = store.queue_status().unwrap();
         if st.counts["done"] as usize == n {
             break;
         }

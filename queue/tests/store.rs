@@ -76,7 +76,7 @@ fn forbidden_transitions_are_errors_and_write_nothing() {
         ("cancel", store.cancel(id)),
         ("retry", store.retry(id)),
         ("answer", store.answer(id, "x")),
-        ("note", store.note(id, "x")),
+        ("note", store.add_note(id, "x")),
         ("priority", store.set_priority(id, 5)),
     ] {
         let err = r.unwrap_err();
@@ -139,7 +139,7 @@ fn question_answer_resumes_the_same_session_without_using_an_attempt() {
     assert_eq!(t.question.as_deref(), Some("Which DB?"));
     assert!(claim(&store).is_none(), "a waiting task is not runnable");
 
-    store.note(id, "remember the migration").unwrap();
+    store.add_note(id, "remember the migration").unwrap();
     let t = store.answer(id, "Postgres").unwrap();
     assert_eq!(t.status, TaskStatus::Queued);
     assert_eq!(t.questions.len(), 1);
@@ -405,12 +405,13 @@ fn clear_removes_only_finished_tasks() {
     let a = submit(&store, "a");
     let b = submit(&store, "b");
     store.cancel(a).unwrap();
-    let cleared =
-        store.clear(0.0, &[TaskStatus::Cancelled, TaskStatus::Done, TaskStatus::Failed]).unwrap();
+    let cleared = store
+        .clear_finished(0.0, &[TaskStatus::Cancelled, TaskStatus::Done, TaskStatus::Failed])
+        .unwrap();
     assert_eq!(cleared.iter().map(|t| t.id).collect::<Vec<_>>(), vec![a]);
     assert!(store.get(b).is_ok());
-    assert!(store.clear(0.0, &[TaskStatus::Queued]).is_err());
-    assert!(store.clear(3600.0, &[TaskStatus::Done]).unwrap().is_empty());
+    assert!(store.clear_finished(0.0, &[TaskStatus::Queued]).is_err());
+    assert!(store.clear_finished(3600.0, &[TaskStatus::Done]).unwrap().is_empty());
 }
 
 #[test]
@@ -420,7 +421,7 @@ fn status_counts_blocked_apart_from_queued() {
     let mut s = spec("b");
     s.depends_on = vec![DepRef::Task(a)];
     store.submit(s).unwrap();
-    let st = store.status().unwrap();
+    let st = store.queue_status().unwrap();
     assert_eq!(st.counts["queued"], 1);
     assert_eq!(st.counts["blocked"], 1);
     assert_eq!(st.total, 2);
@@ -552,7 +553,7 @@ fn four_processes_never_claim_a_task_twice() {
     let unique: HashSet<_> = claimed.iter().collect();
     assert_eq!(unique.len(), claimed.len(), "a task was claimed twice");
     assert_eq!(claimed.len(), n, "every task was claimed once: {per_process:?}");
-    let st = store.status().unwrap();
+    let st = store.queue_status().unwrap();
     assert_eq!(st.counts["done"], n as i64);
 }
 

@@ -61,7 +61,7 @@ async def exercise(session, label):
     check("wait_for" in (init.instructions or ""), f"{label}: instructions describe the workflow")
     tools = {t.name: t for t in (await session.list_tools()).tools}
     for name in ["submit_task", "submit_batch", "get_task", "get_task_result", "get_task_logs",
-                 "wait_for", "answer_task", "list_tasks", "queue_status", "worker_heartbeat",
+                 "wait_for", "answer_task", "list_tasks", "queue_status", "list_workers",
                  "restart_worker", "add_task_note", "cancel_task", "retry_task", "clear_finished",
                  "list_models", "set_default_model", "ping"]:
         check(name in tools, f"{label}: tool {name} listed")

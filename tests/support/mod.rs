@@ -33,6 +33,18 @@ pub fn opencode() -> PathBuf {
     p
 }
 
+/// The pinned Claude Code CLI that `.ci/run` installs.
+pub fn claude_cli() -> PathBuf {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join(".tools/node_modules/.bin/claude");
+    assert!(
+        p.exists(),
+        "Claude Code is not installed at {}: run `npm install --prefix .tools \
+         @anthropic-ai/claude-code@2.1.197` (what .ci/run does)",
+        p.display()
+    );
+    p
+}
+
 pub fn git(dir: &Path, args: &[&str]) {
     let out = Command::new("git").args(args).current_dir(dir).envs(git_env()).output().unwrap();
     assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
@@ -329,4 +341,35 @@ pub fn read_pid(path: &Path) -> i32 {
 
 pub fn pid_alive(pid: i32) -> bool {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
+}
+
+/// `taskbridge serve` on a port the server picks itself (`--listen 127.0.0.1:0`), so tests
+/// running in parallel never race for a number; returns the child (killed when dropped) and the
+/// port it printed.
+pub fn start_serve(env: &Env, extra: &[&str]) -> (Child, u16) {
+    start_http(env.cmd().args(["serve", "--listen", "127.0.0.1:0"]).args(extra))
+}
+
+/// Starts an HTTP server command that prints `… at http://ADDR/mcp` on stderr, and waits for
+/// that line. The rest of stderr is drained in the background so the server never blocks on it.
+pub fn start_http(cmd: &mut Command) -> (Child, u16) {
+    use std::io::BufRead;
+    let mut child =
+        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut tx = Some(tx);
+        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(rest) = line.split("http://127.0.0.1:").nth(1)
+                && let Some(port) = rest.split('/').next().and_then(|p| p.parse::<u16>().ok())
+                && let Some(tx) = tx.take()
+            {
+                let _ = tx.send(port);
+            }
+        }
+    });
+    let child = Child(child);
+    let port = rx.recv_timeout(Duration::from_secs(30)).expect("the server printed its URL");
+    (child, port)
 }

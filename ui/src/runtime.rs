@@ -25,6 +25,8 @@ pub struct TuiOptions {
     pub mcp: tokio::sync::watch::Receiver<String>,
     pub token_set: bool,
     pub worker: Option<Arc<Worker>>,
+    /// The OpenCode executable, to check a new task's model against what it offers.
+    pub opencode: PathBuf,
 }
 
 fn now() -> f64 {
@@ -92,7 +94,12 @@ pub async fn run(opts: TuiOptions, shutdown: CancellationToken) -> std::io::Resu
         worker_running: running,
     };
     model.handle(Event::Header(header(opts.mcp.borrow().clone(), 0)));
-    let fx = Effects { store: opts.store.clone(), home: opts.home.clone(), tx: tx.clone() };
+    let fx = Effects {
+        store: opts.store.clone(),
+        home: opts.home.clone(),
+        opencode: opts.opencode.clone(),
+        tx: tx.clone(),
+    };
     fx.reload(model.filter);
 
     let mut dirty = true;
@@ -160,6 +167,7 @@ pub async fn run(opts: TuiOptions, shutdown: CancellationToken) -> std::io::Resu
 struct Effects {
     store: Arc<Store>,
     home: Home,
+    opencode: PathBuf,
     tx: mpsc::UnboundedSender<Msg>,
 }
 
@@ -167,7 +175,7 @@ impl Effects {
     fn reload(&self, filter: Option<queue::StatusFilter>) {
         let (store, tx) = (self.store.clone(), self.tx.clone());
         tokio::task::spawn_blocking(move || {
-            let loaded = store.rows(filter).and_then(|rows| Ok((rows, store.status()?)));
+            let loaded = store.rows(filter).and_then(|rows| Ok((rows, store.queue_status()?)));
             let ev = match loaded {
                 Ok((rows, st)) => {
                     Event::Loaded { rows, counts: st.counts, workers_alive: st.workers_alive }
@@ -185,11 +193,12 @@ impl Effects {
         };
         match effect {
             Effect::Reload | Effect::Quit => {}
-            Effect::Bell { title, body } => {
+            Effect::Bell { .. } => {
                 let mut out = std::io::stdout();
                 let _ = out.write_all(b"\x07");
                 let _ = out.flush();
-                worker::runner::notify_desktop(&title, &body);
+                // The worker that ran the task sends the desktop notification and the webhook;
+                // the TUI rings the terminal, which reaches a person over SSH too.
             }
             Effect::LoadDetail(id) => {
                 tokio::task::spawn_blocking(move || {
@@ -243,8 +252,9 @@ impl Effects {
                     Op::Submit { repo, .. } => repo.clone(),
                     _ => String::new(),
                 });
+                let opencode = self.opencode.clone();
                 tokio::task::spawn_blocking(move || {
-                    let r = apply(&store, &cwd, op);
+                    let r = apply(&store, &cwd, &opencode, op);
                     send(Event::OpDone(r));
                 });
             }
@@ -253,7 +263,12 @@ impl Effects {
 }
 
 /// Performs a queue operation and describes the outcome for the status line.
-fn apply(store: &Store, cwd: &std::path::Path, op: Op) -> Result<String, String> {
+fn apply(
+    store: &Store,
+    cwd: &std::path::Path,
+    opencode: &std::path::Path,
+    op: Op,
+) -> Result<String, String> {
     let e = |e: queue::Error| e.to_string();
     match op {
         Op::Cancel(id) => store
@@ -277,11 +292,14 @@ fn apply(store: &Store, cwd: &std::path::Path, op: Op) -> Result<String, String>
             .map(|_| format!("task {id} answered; it resumes its session"))
             .map_err(e),
         Op::Note(id, text) => {
-            store.note(TaskId(id), &text).map(|_| format!("task {id}: note added")).map_err(e)
+            store.add_note(TaskId(id), &text).map(|_| format!("task {id}: note added")).map_err(e)
         }
         Op::Submit { prompt, repo } => {
-            worker::submit(store, cwd, worker::SubmitRequest::new(prompt, repo))
-                .map(|(t, _)| format!("task {} submitted", t.id.0))
+            worker::submit(store, cwd, opencode, worker::SubmitRequest::new(prompt, repo))
+                .map(|(t, _, warnings)| match warnings.first() {
+                    Some(w) => format!("task {} submitted; {w}", t.id.0),
+                    None => format!("task {} submitted", t.id.0),
+                })
                 .map_err(|e| e.to_string())
         }
     }

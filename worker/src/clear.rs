@@ -14,7 +14,7 @@ pub fn clear_finished(
     older_than_s: f64,
     statuses: &[TaskStatus],
 ) -> Result<Vec<Task>> {
-    let cleared = store.clear(older_than_s, statuses)?;
+    let cleared = store.clear_finished(older_than_s, statuses)?;
     for task in &cleared {
         for p in [
             logs::log_path(&home.logs_dir(), task.id.0),

@@ -2,7 +2,7 @@
 //!
 //! It owns the claim loop and process supervision ([`runner`], [`process`]), git (worktrees,
 //! commits and diffs, [`git`]), reading OpenCode's event stream ([`events`]), the structured
-//! result ([`result`]), task log files ([`logs`]), the user service that runs a worker without a
+//! result ([`result`]), task log files ([`logs`]), notifications ([`notify`]), the user service that runs a worker without a
 //! terminal ([`service`]) and the `submit` operation that resolves a repository before it reaches
 //! the queue ([`submit`]).
 //!
@@ -15,6 +15,7 @@ pub mod events;
 pub mod git;
 pub mod logs;
 pub mod models;
+pub mod notify;
 pub mod process;
 pub mod result;
 pub mod runner;
@@ -23,5 +24,5 @@ pub mod submit;
 
 pub use error::{Error, Result};
 pub use result::TaskResult;
-pub use runner::{Worker, WorkerConfig};
-pub use submit::{SubmitRequest, submit, submit_batch};
+pub use runner::{RunningWorker, Worker, WorkerConfig};
+pub use submit::{SubmitRequest, Submitted, submit, submit_batch};

@@ -4,17 +4,76 @@
 use crate::error::{Error, Result};
 use queue::Store;
 use std::path::Path;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 const CACHE_KEY: &str = "models_cache";
 const CACHE_TTL: Duration = Duration::from_secs(3600);
+const LIST_TIMEOUT: Duration = Duration::from_secs(60);
 
 fn now_s() -> f64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
 }
 
-/// Lists `provider/model` names, optionally for one provider.
-pub async fn list_models(
+/// Runs `opencode models` and returns its `provider/model` lines.
+fn fetch(opencode: &Path) -> Result<Vec<String>> {
+    let mut child = std::process::Command::new(opencode)
+        .arg("models")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| {
+            Error::Config(format!("could not run '{} models': {e}", opencode.display()))
+        })?;
+    // Read both pipes on their own threads so a chatty child never blocks on a full pipe.
+    let read = |pipe: Option<Box<dyn std::io::Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut p) = pipe {
+                let _ = p.read_to_end(&mut buf);
+            }
+            buf
+        })
+    };
+    let out = read(child.stdout.take().map(|p| Box::new(p) as _));
+    let err = read(child.stderr.take().map(|p| Box::new(p) as _));
+    let start = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if start.elapsed() < LIST_TIMEOUT => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            Ok(None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(Error::Config(format!(
+                    "`opencode models` did not answer within {} s",
+                    LIST_TIMEOUT.as_secs()
+                )));
+            }
+            Err(e) => return Err(Error::io("waiting for `opencode models`", e)),
+        }
+    };
+    let stdout = out.join().unwrap_or_default();
+    let stderr = err.join().unwrap_or_default();
+    if !status.success() {
+        return Err(Error::Config(format!(
+            "`opencode models` failed: {}",
+            String::from_utf8_lossy(&stderr).trim()
+        )));
+    }
+    Ok(String::from_utf8_lossy(&stdout)
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.contains('/') && !l.contains(' '))
+        .map(str::to_owned)
+        .collect())
+}
+
+/// Lists `provider/model` names, optionally for one provider. Blocking: async callers run it on
+/// their blocking pool.
+pub fn list_models(
     store: &Store,
     opencode: &Path,
     provider: Option<&str>,
@@ -25,31 +84,7 @@ pub async fn list_models(
     let all = match cached {
         Some((at, models)) if !refresh && now_s() - at < CACHE_TTL.as_secs_f64() => models,
         _ => {
-            let out = tokio::time::timeout(
-                Duration::from_secs(60),
-                tokio::process::Command::new(opencode)
-                    .arg("models")
-                    .stdin(std::process::Stdio::null())
-                    .kill_on_drop(true)
-                    .output(),
-            )
-            .await
-            .map_err(|_| Error::Config("`opencode models` did not answer within 60 s".into()))?
-            .map_err(|e| {
-                Error::Config(format!("could not run '{} models': {e}", opencode.display()))
-            })?;
-            if !out.status.success() {
-                return Err(Error::Config(format!(
-                    "`opencode models` failed: {}",
-                    String::from_utf8_lossy(&out.stderr).trim()
-                )));
-            }
-            let models: Vec<String> = String::from_utf8_lossy(&out.stdout)
-                .lines()
-                .map(str::trim)
-                .filter(|l| l.contains('/') && !l.contains(' '))
-                .map(str::to_owned)
-                .collect();
+            let models = fetch(opencode)?;
             let cache = serde_json::json!([now_s(), models]).to_string();
             store.set_setting(CACHE_KEY, &cache)?;
             models
@@ -61,22 +96,55 @@ pub async fn list_models(
     })
 }
 
-/// Sets the default model after checking it against OpenCode's list.
-pub async fn set_default_model(store: &Store, opencode: &Path, model: &str) -> Result<()> {
-    let models = list_models(store, opencode, None, false).await?;
-    if !models.iter().any(|m| m == model) {
-        let provider = model.split('/').next().unwrap_or("");
-        let near: Vec<&String> =
-            models.iter().filter(|m| m.starts_with(provider)).take(10).collect();
+/// What a check of a model name against OpenCode's list found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ModelCheck {
+    Known,
+    /// The list could not be read here (OpenCode missing on this host, say); the name is kept
+    /// and the worker that runs the task reports what its OpenCode thinks of it.
+    Unverified(String),
+}
+
+/// Checks `model` against the models OpenCode offers; an unknown name is a user error that
+/// lists the near names.
+pub fn check_model(store: &Store, opencode: &Path, model: &str) -> Result<ModelCheck> {
+    if !model.contains('/') {
         return Err(Error::Config(format!(
-            "unknown model '{model}'; `taskbridge models` lists the {} models OpenCode offers{}",
-            models.len(),
-            if near.is_empty() {
-                String::new()
-            } else {
-                format!(", e.g. {}", near.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", "))
-            }
+            "invalid model '{model}': use provider/model, e.g. anthropic/claude-sonnet-4-5 \
+             (`taskbridge list-models` lists them)"
         )));
+    }
+    let models = match list_models(store, opencode, None, false) {
+        Ok(m) => m,
+        Err(e) => return Ok(ModelCheck::Unverified(e.to_string())),
+    };
+    if models.iter().any(|m| m == model) {
+        return Ok(ModelCheck::Known);
+    }
+    let provider = model.split('/').next().unwrap_or("");
+    let near: Vec<&str> = models
+        .iter()
+        .filter(|m| m.split('/').next() == Some(provider))
+        .take(10)
+        .map(String::as_str)
+        .collect();
+    Err(Error::Config(format!(
+        "unknown model '{model}'; `taskbridge list-models` lists the {} models OpenCode offers{}",
+        models.len(),
+        if near.is_empty() {
+            format!(
+                " (none from provider '{provider}': set up its key or run `opencode auth login`)"
+            )
+        } else {
+            format!(", e.g. {}", near.join(", "))
+        }
+    )))
+}
+
+/// Sets the default model after checking it against OpenCode's list (which must be readable).
+pub fn set_default_model(store: &Store, opencode: &Path, model: &str) -> Result<()> {
+    if let ModelCheck::Unverified(why) = check_model(store, opencode, model)? {
+        return Err(Error::Config(format!("cannot check the model: {why}")));
     }
     store.set_setting("default_model", model)?;
     Ok(())

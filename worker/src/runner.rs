@@ -13,6 +13,7 @@ use crate::error::{Error, Result};
 use crate::events::Usage;
 use crate::git;
 use crate::logs::TaskLog;
+use crate::notify::{self, NotifyConfig};
 use crate::process::{self, AgentCommand, StopReason};
 use crate::result::{self, TaskResult};
 use queue::{Claim, Home, Outcome, RunFacts, Store, Task, TaskId};
@@ -31,7 +32,7 @@ const RESUME: &str = include_str!("../../assets/resume.md");
 pub struct WorkerConfig {
     pub concurrency: usize,
     pub lease: Duration,
-    /// The OpenCode executable: `TASKBRIDGE_OPENCODE`, else `opencode` on PATH.
+    /// The OpenCode executable (`opencode`, found on PATH, unless configured).
     pub opencode: PathBuf,
     /// Used when neither the task nor the database names a model.
     pub default_model: Option<String>,
@@ -43,6 +44,10 @@ pub struct WorkerConfig {
     /// The command that starts the reverse bridge (`taskbridge claude-mcp`); when set, every
     /// run gets it as an MCP server, so the agent can ask Claude.
     pub claude_bridge: Option<Vec<String>>,
+    /// The user's own per-run OpenCode config (`OPENCODE_CONFIG_CONTENT` at start-up); the
+    /// bridge is merged into it, since OpenCode reads only one such variable.
+    pub opencode_config_content: Option<String>,
+    pub notify: NotifyConfig,
 }
 
 impl Default for WorkerConfig {
@@ -50,15 +55,14 @@ impl Default for WorkerConfig {
         WorkerConfig {
             concurrency: 2,
             lease: Duration::from_secs(30),
-            opencode: std::env::var_os("TASKBRIDGE_OPENCODE")
-                .filter(|v| !v.is_empty())
-                .map(PathBuf::from)
-                .unwrap_or_else(|| PathBuf::from("opencode")),
+            opencode: PathBuf::from("opencode"),
             default_model: None,
             once: false,
             retry_base: Duration::from_secs(10),
             retry_cap: Duration::from_secs(600),
             claude_bridge: None,
+            opencode_config_content: None,
+            notify: NotifyConfig::default(),
         }
     }
 }
@@ -78,6 +82,13 @@ pub struct SetupConfig {
     /// to the main checkout (e.g. `cp "$TASKBRIDGE_REPO/.env" .`, `npm ci`).
     #[serde(default)]
     pub commands: Vec<String>,
+}
+
+/// A started worker: the handle to wait for it, and the watcher that wakes it while it runs.
+pub struct RunningWorker {
+    pub worker: Arc<Worker>,
+    pub handle: tokio::task::JoinHandle<Result<()>>,
+    _watcher: Option<queue::ChangeWatcher>,
 }
 
 pub struct Worker {
@@ -109,6 +120,31 @@ impl Worker {
 
     pub fn id(&self) -> &str {
         &self.id
+    }
+
+    /// The configuration this worker runs with (a restarted worker reuses it).
+    pub fn config(&self) -> &WorkerConfig {
+        &self.cfg
+    }
+
+    /// Starts a worker on the current runtime. It wakes at once on commits from this process and,
+    /// through a watcher on the database file, from other processes too (else only on its
+    /// one-second poll).
+    pub fn start(
+        store: Arc<Store>,
+        home: Home,
+        cfg: WorkerConfig,
+        shutdown: CancellationToken,
+    ) -> RunningWorker {
+        let worker = Worker::new(store.clone(), home, cfg);
+        let waker = worker.waker();
+        let watcher = queue::ChangeWatcher::spawn(store.path(), move || waker.notify_one())
+            .map_err(|e| {
+                tracing::warn!(error = %e, "cannot watch the database; the worker polls every second")
+            })
+            .ok();
+        let handle = tokio::spawn(worker.clone().run(shutdown));
+        RunningWorker { worker, handle, _watcher: watcher }
     }
 
     /// A handle that wakes the claim loop; give it to anything that learns of outside commits.
@@ -193,7 +229,7 @@ impl Worker {
     }
 
     async fn anything_runnable(&self) -> bool {
-        match self.blocking(|s| s.status()).await {
+        match self.blocking(|s| s.queue_status()).await {
             Ok(st) => st.counts.get("queued").copied().unwrap_or(0) > 0,
             Err(_) => true,
         }
@@ -237,7 +273,7 @@ impl Worker {
     /// A worker process on this host that died (kill -9, crash) leaves running tasks behind;
     /// there is no need to wait for their leases to expire when its pid is gone.
     async fn recover_dead_local_workers(&self) {
-        let Ok(workers) = self.blocking(|s| s.workers()).await else { return };
+        let Ok(workers) = self.blocking(|s| s.list_workers()).await else { return };
         for w in workers {
             if w.stopped || w.host != self.host || w.id == self.id || process::pid_alive(w.pid) {
                 continue;
@@ -293,11 +329,8 @@ impl Worker {
         match self.blocking(move |s| s.finish(id, token, outcome)).await {
             Ok(t) => {
                 log.line(&format!("{summary}; task is {}", t.status));
-                if t.status == queue::TaskStatus::Waiting {
-                    notify_desktop(
-                        &format!("TaskBridge task {} asks", id.0),
-                        t.question.as_deref().unwrap_or(""),
-                    );
+                if let Some(event) = notify::Event::for_task(&t) {
+                    notify::send(&self.cfg.notify, event);
                 }
             }
             Err(Error::Queue(queue::Error::StaleLease { .. })) => {
@@ -436,10 +469,9 @@ impl Worker {
         };
         let mut env = vec![("OPENCODE_PERMISSION".to_owned(), permission_json(task))];
         if let Some(bridge) = &self.cfg.claude_bridge {
-            let inherited = std::env::var("OPENCODE_CONFIG_CONTENT").ok();
             env.push((
                 "OPENCODE_CONFIG_CONTENT".to_owned(),
-                with_bridge(inherited.as_deref(), bridge),
+                with_bridge(self.cfg.opencode_config_content.as_deref(), bridge),
             ));
         }
         let deadline =
@@ -733,21 +765,6 @@ fn describe(o: &Outcome) -> String {
         Outcome::Cancelled { .. } => "cancelled".into(),
         Outcome::Released => "released back to the queue (worker shutting down)".into(),
     }
-}
-
-/// A desktop notification where a desktop session exists; silently nothing elsewhere.
-pub fn notify_desktop(title: &str, body: &str) {
-    let desktop =
-        std::env::var_os("DISPLAY").is_some() || std::env::var_os("WAYLAND_DISPLAY").is_some();
-    if !desktop {
-        return;
-    }
-    let _ = std::process::Command::new("notify-send")
-        .args([title, body])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn();
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 
 use crate::error::Result;
 use crate::git;
+use crate::models::{ModelCheck, check_model};
 use queue::{Store, Task, TaskSpec};
 use std::path::{Path, PathBuf};
 
@@ -33,18 +34,55 @@ impl SubmitRequest {
     }
 }
 
-/// Submits several requests, all or none. The boolean is false for a task that already existed
-/// under the same `request_id`.
+/// What a submit stored, and what the submitter should hear about it.
+#[derive(Debug)]
+pub struct Submitted {
+    /// Each task, and false for one that already existed under the same `request_id`.
+    pub tasks: Vec<(Task, bool)>,
+    /// Things that do not stop the submit but would surprise the user later: no worker is
+    /// alive to run it, a model that could not be checked here.
+    pub warnings: Vec<String>,
+}
+
+/// Submits several requests, all or none. Each `model` is checked against the models the
+/// OpenCode at `opencode` offers (an unknown one refuses the whole batch).
 pub fn submit_batch(
     store: &Store,
     cwd: &Path,
+    opencode: &Path,
     reqs: Vec<SubmitRequest>,
-) -> Result<Vec<(Task, bool)>> {
+) -> Result<Submitted> {
+    let mut warnings = Vec::new();
+    let mut checked = std::collections::BTreeSet::new();
+    for model in reqs.iter().filter_map(|r| r.spec.model.as_deref()) {
+        if checked.insert(model.to_owned())
+            && let ModelCheck::Unverified(why) = check_model(store, opencode, model)?
+        {
+            warnings.push(format!("model '{model}' was not checked ({why}); its worker will be"));
+        }
+    }
     let specs = reqs.into_iter().map(|r| r.resolve(cwd)).collect::<Result<Vec<_>>>()?;
-    Ok(store.submit_batch(specs)?)
+    let tasks = store.submit_batch(specs)?;
+    let alive = store.list_workers()?.iter().filter(|w| !w.stopped && !w.stale).count();
+    if alive == 0 && tasks.iter().any(|(t, _)| !t.status.is_terminal()) {
+        warnings.push(
+            "no worker is running, so the task waits in the queue: start one with `taskbridge \
+             worker` (or `taskbridge tui`, or `taskbridge service install` to keep one running)"
+                .into(),
+        );
+    }
+    Ok(Submitted { tasks, warnings })
 }
 
-pub fn submit(store: &Store, cwd: &Path, req: SubmitRequest) -> Result<(Task, bool)> {
-    let mut out = submit_batch(store, cwd, vec![req])?;
-    out.pop().ok_or_else(|| crate::Error::Config("nothing was submitted".into()))
+/// Submits one request; see [`submit_batch`].
+pub fn submit(
+    store: &Store,
+    cwd: &Path,
+    opencode: &Path,
+    req: SubmitRequest,
+) -> Result<(Task, bool, Vec<String>)> {
+    let mut out = submit_batch(store, cwd, opencode, vec![req])?;
+    let (task, created) =
+        out.tasks.pop().ok_or_else(|| crate::Error::Config("nothing was submitted".into()))?;
+    Ok((task, created, out.warnings))
 }

@@ -32,15 +32,10 @@ claude_ask waits for the answer (keep it under about 50 s); for longer questions
 claude_submit, then claude_poll until the job is done and claude_result for the answer. \
 claude_status says which backend is in use and why none is, if so.";
 
-/// Installs ring as rustls's crypto provider once per process. reqwest is built without a
-/// provider of its own (aws-lc takes minutes to build on two cores), so every process that builds
-/// a reqwest client, rmcp's HTTP client included, calls this first (the Messages API backend does).
+/// Installs rustls's crypto provider (see [`worker::notify::install_tls`]); every process that
+/// builds a reqwest client, rmcp's HTTP client included, calls this first.
 pub fn install_tls() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        // Another part of the process may have installed one already; either is fine.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    });
+    worker::notify::install_tls();
 }
 
 struct Inner {

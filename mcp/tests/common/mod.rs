@@ -46,7 +46,13 @@ pub async fn world() -> World {
     let home = Home::resolve(Some(dir.path().join("home"))).unwrap();
     home.ensure().unwrap();
     let store = Arc::new(Store::open(home.db_path()).unwrap());
-    let server = TaskBridge::new(store.clone(), home.clone(), repo.clone(), None);
+    let server = TaskBridge::new(
+        store.clone(),
+        home.clone(),
+        repo.clone(),
+        None,
+        worker::WorkerConfig::default(),
+    );
     let (server_io, client_io) = tokio::io::duplex(1 << 20);
     tokio::spawn(async move {
         let running = server.serve(server_io).await.unwrap();

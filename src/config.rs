@@ -1,0 +1,153 @@
+//! One configuration, read once at start-up and passed down: the config file
+//! (`$XDG_CONFIG_HOME/taskbridge/config.toml`, commented defaults in
+//! `assets/config.default.toml`), then the environment, then the command line, each overriding
+//! the one before. Nothing below the binary reads the environment for settings.
+
+use anyhow::{Context, bail};
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use worker::WorkerConfig;
+use worker::notify::NotifyConfig;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FileConfig {
+    pub worker: WorkerSection,
+    pub notify: NotifySection,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WorkerSection {
+    pub concurrency: Option<usize>,
+    pub model: Option<String>,
+    pub opencode: Option<PathBuf>,
+    pub claude_bridge: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NotifySection {
+    pub desktop: bool,
+    pub webhook: Option<String>,
+    pub webhook_timeout_s: f64,
+}
+
+impl Default for NotifySection {
+    fn default() -> Self {
+        NotifySection { desktop: true, webhook: None, webhook_timeout_s: 10.0 }
+    }
+}
+
+/// `$XDG_CONFIG_HOME/taskbridge`, else `~/.config/taskbridge`.
+pub fn config_dir() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CONFIG_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))?;
+    Some(base.join("taskbridge"))
+}
+
+/// Reads the config file; a missing file is the defaults.
+pub fn read_file(path: &Path) -> anyhow::Result<FileConfig> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(FileConfig::default()),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    let cfg: FileConfig = toml::from_str(&text).map_err(|e| {
+        anyhow::anyhow!(
+            "{} is not a valid TaskBridge config: {e}\nfix it (assets/config.default.toml lists \
+             every key) or move it away",
+            path.display()
+        )
+    })?;
+    if let Some(url) = &cfg.notify.webhook
+        && !(url.starts_with("http://") || url.starts_with("https://"))
+    {
+        bail!("{}: [notify] webhook = \"{url}\" is not an http:// or https:// URL", path.display());
+    }
+    if !(cfg.notify.webhook_timeout_s > 0.0 && cfg.notify.webhook_timeout_s <= 300.0) {
+        bail!("{}: [notify] webhook_timeout_s must be from 0 to 300 seconds", path.display());
+    }
+    Ok(cfg)
+}
+
+fn env(key: &str) -> Option<String> {
+    std::env::var(key).ok().filter(|v| !v.trim().is_empty())
+}
+
+/// What every long-running command builds its worker from.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The file that was read (it may not exist).
+    pub path: Option<PathBuf>,
+    /// The worker as configured; a command's flags adjust a copy.
+    pub worker: WorkerConfig,
+    /// Whether `--claude-bridge` is on by default (`[worker] claude_bridge`).
+    pub claude_bridge: bool,
+}
+
+impl Config {
+    /// File, then environment. `explicit` is `--config`, which must exist.
+    pub fn load(explicit: Option<&Path>) -> anyhow::Result<Config> {
+        let path = match explicit {
+            Some(p) if !p.exists() => bail!("the config file {} does not exist", p.display()),
+            Some(p) => Some(p.to_path_buf()),
+            None => config_dir().map(|d| d.join("config.toml")),
+        };
+        let file = match &path {
+            Some(p) => read_file(p)?,
+            None => FileConfig::default(),
+        };
+        let mut w = WorkerConfig::default();
+        if let Some(c) = file.worker.concurrency {
+            w.concurrency = c.max(1);
+        }
+        w.default_model = env("TASKBRIDGE_MODEL").or(file.worker.model);
+        if let Some(p) = env("TASKBRIDGE_OPENCODE").map(PathBuf::from).or(file.worker.opencode) {
+            w.opencode = p;
+        }
+        if let Some(ms) = env("TASKBRIDGE_RETRY_BASE_MS").and_then(|v| v.parse().ok()) {
+            w.retry_base = Duration::from_millis(ms);
+        }
+        if let Some(s) = env("TASKBRIDGE_LEASE_S").and_then(|v| v.parse::<f64>().ok()) {
+            w.lease = Duration::from_secs_f64(s.max(0.5));
+        }
+        w.opencode_config_content = env("OPENCODE_CONFIG_CONTENT");
+        w.notify = NotifyConfig {
+            desktop: file.notify.desktop,
+            webhook: file.notify.webhook,
+            webhook_timeout: Duration::from_secs_f64(file.notify.webhook_timeout_s),
+        };
+        Ok(Config { path, worker: w, claude_bridge: file.worker.claude_bridge.unwrap_or(false) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shipped_defaults_parse_and_equal_no_file_at_all() {
+        let shipped: FileConfig =
+            toml::from_str(include_str!("../assets/config.default.toml")).unwrap();
+        let none = FileConfig::default();
+        assert_eq!(shipped.notify.desktop, none.notify.desktop);
+        assert_eq!(shipped.notify.webhook, none.notify.webhook);
+        assert_eq!(shipped.worker.concurrency, none.worker.concurrency);
+    }
+
+    #[test]
+    fn a_bad_key_or_webhook_names_the_file_and_the_problem() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("config.toml");
+        std::fs::write(&p, "[notify]\nwebhok = \"https://x\"\n").unwrap();
+        let e = read_file(&p).unwrap_err().to_string();
+        assert!(e.contains("config.toml") && e.contains("webhok"), "{e}");
+        std::fs::write(&p, "[notify]\nwebhook = \"ftp://x\"\n").unwrap();
+        let e = read_file(&p).unwrap_err().to_string();
+        assert!(e.contains("not an http:// or https:// URL"), "{e}");
+    }
+}

@@ -1,0 +1,63 @@
+//! Client registration as a user does it: every line `taskbridge config claude-code` prints is
+//! run by a shell with the real Claude Code CLI, and `claude mcp list` must then show each server
+//! connected.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::process::Command;
+use support::*;
+
+/// Runs `claude` (the pinned CLI) in the test's HOME with nothing of the machine's own config.
+fn claude(env: &Env, shell_line: &str) -> String {
+    let cli = claude_cli();
+    let dir = cli.parent().unwrap();
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(shell_line)
+        .current_dir(&env.repo)
+        .envs(env.env_vars())
+        // The pinned CLI first, so a `claude` installed on the machine is not the one that runs.
+        .env("PATH", format!("{}:{}", dir.display(), std::env::var("PATH").unwrap_or_default()))
+        .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+        .env("DISABLE_AUTOUPDATER", "1")
+        .env_remove("ANTHROPIC_API_KEY")
+        .output()
+        .unwrap();
+    let text =
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "`{shell_line}` failed: {text}");
+    text
+}
+
+/// The line `claude mcp list` prints for `name`.
+fn listed<'a>(list: &'a str, name: &str) -> &'a str {
+    list.lines().find(|l| l.starts_with(&format!("{name}:"))).unwrap_or("")
+}
+
+#[test]
+fn the_printed_claude_mcp_add_lines_register_servers_that_connect() {
+    let env = Env::new();
+    let (_server, port) = start_serve(&env, &["--no-worker"]);
+    let url = format!("http://127.0.0.1:{port}/mcp");
+    let printed = env.ok(&["config", "claude-code", "--http-url", &url]);
+    let commands: Vec<&str> = printed.lines().filter(|l| l.starts_with("claude mcp add")).collect();
+    assert_eq!(commands.len(), 2, "one stdio and one HTTP line: {printed}");
+    // The two lines register the same name; run each in turn, checking it connects.
+    for line in commands {
+        let added = claude(&env, line);
+        assert!(added.contains("to user config"), "user scope, for every project: {added}");
+        let list = claude(&env, "claude mcp list");
+        let entry = listed(&list, "taskbridge");
+        assert!(entry.contains("Connected"), "`{line}` gave: {list}");
+        claude(&env, "claude mcp remove taskbridge -s user");
+    }
+}
+
+#[test]
+fn config_claude_code_write_registers_a_server_that_connects() {
+    let env = Env::new();
+    env.ok(&["config", "claude-code", "--write"]);
+    let list = claude(&env, "claude mcp list");
+    assert!(listed(&list, "taskbridge").contains("Connected"), "{list}");
+}
