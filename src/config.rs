@@ -116,6 +116,9 @@ impl Config {
             w.lease = Duration::from_secs_f64(s.max(0.5));
         }
         w.opencode_config_content = env("OPENCODE_CONFIG_CONTENT");
+        w.fault_worktree_pause = env("TASKBRIDGE_FAULT_WORKTREE_PAUSE_MS")
+            .and_then(|v| v.parse().ok())
+            .map(Duration::from_millis);
         w.notify = NotifyConfig {
             desktop: file.notify.desktop,
             webhook: file.notify.webhook,

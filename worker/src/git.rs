@@ -57,46 +57,259 @@ pub fn branch_name(task_id: i64) -> String {
 }
 
 fn worktree_name(task_id: i64) -> String {
-    // libgit2 refuses '/' in worktree names (dependencies.md §3).
+    // libgit2 refuses '/' in worktree names.
     format!("taskbridge-task-{task_id}")
 }
 
-/// Creates (or reuses, on a retry or resume) the task's worktree at `dir` on branch
-/// `taskbridge/task-<id>`, starting from `base`.
-pub fn prepare_worktree(repo_path: &Path, base: &str, task_id: i64, dir: &Path) -> Result<String> {
-    let branch = branch_name(task_id);
-    if dir.join(".git").exists() {
-        let wt = Repository::open(dir)?;
-        let head = wt.head()?;
-        if head.shorthand().ok() == Some(branch.as_str()) {
-            return Ok(branch);
+/// A worktree ready for the agent.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Prepared {
+    pub branch: String,
+    /// True when the worktree was made now (set-up commands run), false when it was reused.
+    pub created: bool,
+    /// What was repaired on the way, for the task log.
+    pub repairs: Vec<String>,
+}
+
+/// Why a worktree could not be prepared. `permanent` says whether another attempt could change
+/// anything: a repository that is gone or a base commit it does not have cannot be retried into
+/// working; a lock or a file system hiccup can.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PrepareError {
+    pub message: String,
+    pub permanent: bool,
+}
+
+impl std::fmt::Display for PrepareError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+fn transient(e: impl std::fmt::Display) -> PrepareError {
+    PrepareError { message: e.to_string(), permanent: false }
+}
+
+fn permanent(message: String) -> PrepareError {
+    PrepareError { message, permanent: true }
+}
+
+/// Holds `<git common dir>/taskbridge-worktree.lock` exclusively: libgit2 makes
+/// `.git/worktrees/` without tolerating a concurrent creator, so worktree changes in one
+/// repository are serialised across threads and processes. The kernel drops the lock when its
+/// holder dies, so a killed worker never leaves it held.
+struct RepoLock(#[allow(dead_code)] nix::fcntl::Flock<std::fs::File>);
+
+impl RepoLock {
+    fn acquire(repo: &Repository) -> std::result::Result<RepoLock, PrepareError> {
+        let path = repo.commondir().join("taskbridge-worktree.lock");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|e| transient(format!("opening {}: {e}", path.display())))?;
+        nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+            .map(RepoLock)
+            .map_err(|(_, e)| transient(format!("locking {}: {e}", path.display())))
+    }
+}
+
+/// A registered worktree, as read from `<common dir>/worktrees/<name>/`.
+struct Registration {
+    name: String,
+    /// The working directory it points at.
+    path: PathBuf,
+    /// The branch it has checked out (`refs/heads/...`), if any.
+    head: Option<String>,
+}
+
+fn registrations(repo: &Repository) -> Vec<Registration> {
+    let Ok(names) = repo.worktrees() else { return Vec::new() };
+    let base = repo.commondir().join("worktrees");
+    names
+        .iter()
+        .filter_map(|n| n.ok().flatten())
+        .map(|name| {
+            let admin = base.join(name);
+            let read = |f: &str| std::fs::read_to_string(admin.join(f)).unwrap_or_default();
+            let gitfile = PathBuf::from(read("gitdir").trim());
+            let path = gitfile.parent().map(Path::to_path_buf).unwrap_or_default();
+            let head = read("HEAD").trim().strip_prefix("ref: ").map(str::to_owned);
+            Registration { name: name.to_owned(), path, head }
+        })
+        .collect()
+}
+
+fn same_path(a: &Path, b: &Path) -> bool {
+    a == b || matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if x == y)
+}
+
+/// Whether `dir` is a worktree git can open.
+fn opens(dir: &Path) -> bool {
+    dir.join(".git").exists() && Repository::open(dir).is_ok()
+}
+
+/// `dir` as a worktree whose checkout finished. libgit2 writes the index last, so a worktree
+/// registered and pointed at but without an index is a checkout that a crash cut short: it
+/// lacks files, and committing it would delete them from the branch.
+fn finished_worktree(dir: &Path) -> Option<Repository> {
+    let wt = Repository::open(dir).ok().filter(|_| dir.join(".git").exists())?;
+    wt.path().join("index").exists().then_some(wt)
+}
+
+/// Whether every file under `dir` is exactly the file at the same path in `tree`: a checkout
+/// that a crash cut short holds nothing else, and can be removed without losing work.
+fn only_base_files(dir: &Path, tree: &git2::Tree<'_>) -> bool {
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else { return false };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let Ok(kind) = entry.file_type() else { return false };
+            let Ok(rel) = path.strip_prefix(dir) else { return false };
+            if rel == Path::new(".git") {
+                continue;
+            }
+            if kind.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            let Ok(item) = tree.get_path(rel) else { return false };
+            let Ok(oid) = Oid::hash_file(git2::ObjectType::Blob, &path) else { return false };
+            if item.id() != oid {
+                return false;
+            }
         }
-        return Err(Error::Repo(format!(
-            "'{}' exists but is not on branch {branch}; move it away",
-            dir.display()
+    }
+    true
+}
+
+/// Creates (or reuses, on a retry or resume) the task's worktree at `dir` on branch
+/// `taskbridge/task-<id>`, starting from `base`, and first repairs what a crash can leave: a
+/// registration whose directory is missing or has no `.git`, a directory without a
+/// registration, the branch checked out in a stale worktree. A directory that holds anything but
+/// the base commit's files is moved aside (`<dir>.aside-<unix time>`), never deleted.
+/// `pause` is a fault-injection point for the chaos tests: a sleep while the creation is half
+/// done (the branch made, the worktree not yet registered and checked out).
+pub fn prepare_worktree(
+    repo_path: &Path,
+    base: &str,
+    task_id: i64,
+    dir: &Path,
+    pause: Option<std::time::Duration>,
+) -> std::result::Result<Prepared, PrepareError> {
+    let branch = branch_name(task_id);
+    if !repo_path.exists() {
+        return Err(permanent(format!(
+            "the repository '{}' no longer exists; restore it, or cancel the task",
+            repo_path.display()
         )));
     }
-    let repo = Repository::open(repo_path)?;
-    let name = worktree_name(task_id);
-    // A stale registration (its directory was deleted by hand) would make `worktree` fail.
-    if let Ok(old) = repo.find_worktree(&name)
-        && old.validate().is_err()
-    {
-        old.prune(Some(WorktreePruneOptions::new().working_tree(true)))?;
+    let repo = Repository::open(repo_path).map_err(|e| {
+        permanent(format!(
+            "'{}' is no longer a git repository ({}); restore it, or cancel the task",
+            repo_path.display(),
+            e.message()
+        ))
+    })?;
+    let _lock = RepoLock::acquire(&repo)?;
+    let base_commit = Oid::from_str(base).and_then(|oid| repo.find_commit(oid)).map_err(|_| {
+        permanent(format!(
+            "the task's base commit {base} is not in '{}' (history rewritten?); submit the task \
+             again from a commit that exists",
+            repo_path.display()
+        ))
+    })?;
+    let mut repairs = Vec::new();
+
+    if let Some(wt) = finished_worktree(dir) {
+        let on = wt.head().ok().and_then(|h| h.shorthand().ok().map(str::to_owned));
+        if on.as_deref() == Some(branch.as_str()) {
+            return Ok(Prepared { branch, created: false, repairs });
+        }
+        return Err(permanent(format!(
+            "'{}' is a worktree on {} rather than {branch}; move it away, then retry the task",
+            dir.display(),
+            on.unwrap_or_else(|| "no branch".into())
+        )));
     }
+
+    // A directory that is not a finished worktree: a checkout a crash cut short, or something
+    // else.
+    if dir.exists() {
+        let tree = base_commit.tree().map_err(transient)?;
+        let branch_tree = repo
+            .find_branch(&branch, BranchType::Local)
+            .ok()
+            .and_then(|b| b.get().peel_to_tree().ok());
+        let clean =
+            only_base_files(dir, &tree) || branch_tree.is_some_and(|t| only_base_files(dir, &t));
+        if clean {
+            std::fs::remove_dir_all(dir)
+                .map_err(|e| transient(format!("removing {}: {e}", dir.display())))?;
+            repairs.push(format!("removed the half-made worktree {}", dir.display()));
+        } else {
+            let secs = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0);
+            let aside = PathBuf::from(format!("{}.aside-{secs}", dir.display()));
+            std::fs::rename(dir, &aside).map_err(|e| {
+                transient(format!("moving {} to {}: {e}", dir.display(), aside.display()))
+            })?;
+            repairs.push(format!(
+                "{} was not a usable worktree but held files of its own; kept them at {}",
+                dir.display(),
+                aside.display()
+            ));
+        }
+    }
+
+    // Registrations that point at our directory, or that hold our branch in a directory that
+    // is gone, are stale: only the registration is removed (the directory was dealt with above).
+    let ours = format!("refs/heads/{branch}");
+    for reg in registrations(&repo) {
+        let at_dir = same_path(&reg.path, dir) || reg.path == dir;
+        let holds_branch = reg.head.as_deref() == Some(ours.as_str());
+        if !at_dir && !holds_branch {
+            continue;
+        }
+        if !at_dir && opens(&reg.path) {
+            return Err(permanent(format!(
+                "branch {branch} is checked out in another worktree at '{}'; remove it with \
+                 `git worktree remove {}`, then retry the task",
+                reg.path.display(),
+                reg.path.display()
+            )));
+        }
+        let wt = repo.find_worktree(&reg.name).map_err(transient)?;
+        wt.prune(Some(WorktreePruneOptions::new().valid(true).locked(true).working_tree(false)))
+            .map_err(transient)?;
+        // libgit2 keeps the admin directory of a registration whose gitdir file is gone.
+        let admin = repo.commondir().join("worktrees").join(&reg.name);
+        if admin.exists() {
+            std::fs::remove_dir_all(&admin)
+                .map_err(|e| transient(format!("removing {}: {e}", admin.display())))?;
+        }
+        repairs.push(format!("removed the stale worktree registration '{}'", reg.name));
+    }
+
     let reference = match repo.find_branch(&branch, BranchType::Local) {
         Ok(b) => b.into_reference(),
-        Err(_) => {
-            let commit = repo.find_commit(Oid::from_str(base)?)?;
-            repo.branch(&branch, &commit, false)?.into_reference()
-        }
+        Err(_) => repo.branch(&branch, &base_commit, false).map_err(transient)?.into_reference(),
     };
     if let Some(parent) = dir.parent() {
         std::fs::create_dir_all(parent)
-            .map_err(|e| Error::io(format!("creating {}", parent.display()), e))?;
+            .map_err(|e| transient(format!("creating {}: {e}", parent.display())))?;
     }
-    repo.worktree(&name, dir, Some(WorktreeAddOptions::new().reference(Some(&reference))))?;
-    Ok(branch)
+    if let Some(p) = pause {
+        std::thread::sleep(p);
+    }
+    let name = worktree_name(task_id);
+    repo.worktree(&name, dir, Some(WorktreeAddOptions::new().reference(Some(&reference))))
+        .map_err(transient)?;
+    Ok(Prepared { branch, created: true, repairs })
 }
 
 /// Removes a worktree whose work is committed; the branch stays.
@@ -106,6 +319,7 @@ pub fn remove_worktree(repo_path: &Path, task_id: i64, dir: &Path) -> Result<()>
             .map_err(|e| Error::io(format!("removing worktree {}", dir.display()), e))?;
     }
     let repo = Repository::open(repo_path)?;
+    let _lock = RepoLock::acquire(&repo).map_err(|e| Error::Repo(e.message))?;
     if let Ok(wt) = repo.find_worktree(&worktree_name(task_id)) {
         wt.prune(Some(WorktreePruneOptions::new().valid(true).working_tree(true)))?;
     }
@@ -293,10 +507,11 @@ mod tests {
         let base = resolve_repo(r.path(), None).unwrap().base;
         let wt_root = tempfile::tempdir().unwrap();
         let wt = wt_root.path().join("task-1");
-        let branch = prepare_worktree(r.path(), &base, 1, &wt).unwrap();
-        assert_eq!(branch, "taskbridge/task-1");
+        let made = prepare_worktree(r.path(), &base, 1, &wt, None).unwrap();
+        assert_eq!(made.branch, "taskbridge/task-1");
+        assert!(made.created);
         // Reusing it is fine.
-        prepare_worktree(r.path(), &base, 1, &wt).unwrap();
+        assert!(!prepare_worktree(r.path(), &base, 1, &wt, None).unwrap().created);
 
         std::fs::write(wt.join("a.txt"), "one\nTWO\n").unwrap();
         std::fs::write(wt.join("new.txt"), "fresh\n").unwrap();
@@ -337,12 +552,159 @@ mod tests {
         let base = resolve_repo(r.path(), None).unwrap().base;
         let wt_root = tempfile::tempdir().unwrap();
         let wt = wt_root.path().join("task-2");
-        prepare_worktree(r.path(), &base, 2, &wt).unwrap();
+        prepare_worktree(r.path(), &base, 2, &wt, None).unwrap();
         std::fs::write(wt.join("a.txt"), "changed\n").unwrap();
         std::fs::write(wt.join("junk.txt"), "junk\n").unwrap();
         let mut reverted = revert_all(&wt).unwrap();
         reverted.sort();
         assert_eq!(reverted, vec!["a.txt".to_string(), "junk.txt".to_string()]);
         assert!(diff_against_base(&wt, &base).unwrap().files.is_empty());
+    }
+
+    fn prepared_ok(repo: &Path, base: &str, id: i64, wt: &Path) -> Prepared {
+        let p = prepare_worktree(repo, base, id, wt, None).unwrap();
+        let opened = Repository::open(wt).unwrap();
+        assert_eq!(opened.head().unwrap().shorthand().unwrap(), branch_name(id));
+        assert!(wt.join("a.txt").exists(), "the worktree is checked out");
+        p
+    }
+
+    #[test]
+    fn a_registration_left_without_a_checkout_is_repaired() {
+        // What a kill between `git worktree add` registering the tree and finishing its checkout
+        // leaves: a registration holding the branch, and a directory without `.git`.
+        let r = repo();
+        let base = resolve_repo(r.path(), None).unwrap().base;
+        let root = tempfile::tempdir().unwrap();
+        let wt = root.path().join("task-4");
+        git(
+            r.path(),
+            &[
+                "worktree",
+                "add",
+                "--no-checkout",
+                wt.to_str().unwrap(),
+                "-b",
+                "taskbridge/task-4",
+                &base,
+            ],
+        );
+        std::fs::remove_file(wt.join(".git")).unwrap();
+        let p = prepared_ok(r.path(), &base, 4, &wt);
+        assert!(p.created);
+        assert!(
+            p.repairs.iter().any(|m| m.contains("stale worktree registration 'task-4'")),
+            "{p:?}"
+        );
+    }
+
+    #[test]
+    fn a_registered_worktree_whose_directory_is_gone_is_made_again() {
+        let r = repo();
+        let base = resolve_repo(r.path(), None).unwrap().base;
+        let root = tempfile::tempdir().unwrap();
+        let wt = root.path().join("task-5");
+        prepare_worktree(r.path(), &base, 5, &wt, None).unwrap();
+        std::fs::remove_dir_all(&wt).unwrap();
+        assert!(prepared_ok(r.path(), &base, 5, &wt).created);
+        // And when only its `.git` went missing: the base files alone are not work to keep.
+        std::fs::remove_file(wt.join(".git")).unwrap();
+        let p = prepared_ok(r.path(), &base, 5, &wt);
+        assert!(p.repairs.iter().any(|m| m.contains("removed the half-made worktree")), "{p:?}");
+    }
+
+    #[test]
+    fn a_checkout_cut_short_is_made_again_not_committed_as_deletions() {
+        let r = repo();
+        let base = resolve_repo(r.path(), None).unwrap().base;
+        let root = tempfile::tempdir().unwrap();
+        let wt = root.path().join("task-9");
+        prepare_worktree(r.path(), &base, 9, &wt, None).unwrap();
+        // Registered, `.git` in place, but the checkout stopped before the files and the index.
+        let admin = Repository::open(&wt).unwrap().path().to_path_buf();
+        std::fs::remove_file(admin.join("index")).unwrap();
+        std::fs::remove_file(wt.join("gone.txt")).unwrap();
+        let p = prepared_ok(r.path(), &base, 9, &wt);
+        assert!(p.created, "made again: {p:?}");
+        assert!(wt.join("gone.txt").exists());
+        assert!(diff_against_base(&wt, &base).unwrap().files.is_empty());
+    }
+
+    #[test]
+    fn a_directory_holding_files_of_its_own_is_kept_aside_not_deleted() {
+        let r = repo();
+        let base = resolve_repo(r.path(), None).unwrap().base;
+        let root = tempfile::tempdir().unwrap();
+        let wt = root.path().join("task-6");
+        std::fs::create_dir_all(wt.join("src")).unwrap();
+        std::fs::write(wt.join("src/work.rs"), "fn precious() {}\n").unwrap();
+        std::fs::write(wt.join("a.txt"), "edited\n").unwrap();
+        let p = prepared_ok(r.path(), &base, 6, &wt);
+        let msg = p.repairs.iter().find(|m| m.contains("kept them at")).expect("named in the log");
+        let aside = PathBuf::from(msg.rsplit("kept them at ").next().unwrap());
+        assert_eq!(
+            std::fs::read_to_string(aside.join("src/work.rs")).unwrap(),
+            "fn precious() {}\n"
+        );
+        assert_eq!(std::fs::read_to_string(aside.join("a.txt")).unwrap(), "edited\n");
+    }
+
+    #[test]
+    fn the_branch_in_a_stale_worktree_is_freed_but_a_live_one_is_named() {
+        let r = repo();
+        let base = resolve_repo(r.path(), None).unwrap().base;
+        let root = tempfile::tempdir().unwrap();
+        let other = root.path().join("elsewhere");
+        git(
+            r.path(),
+            &["worktree", "add", other.to_str().unwrap(), "-b", "taskbridge/task-7", &base],
+        );
+        let wt = root.path().join("task-7");
+        // Live: nothing is touched, and the error says what to do; no retry would change it.
+        let e = prepare_worktree(r.path(), &base, 7, &wt, None).unwrap_err();
+        assert!(e.permanent && e.message.contains("git worktree remove"), "{e}");
+        assert!(other.join("a.txt").exists());
+        // Stale: its directory is gone, so the branch is ours to check out.
+        std::fs::remove_dir_all(&other).unwrap();
+        prepared_ok(r.path(), &base, 7, &wt);
+    }
+
+    #[test]
+    fn causes_no_retry_can_change_fail_at_once_and_say_which() {
+        let r = repo();
+        let root = tempfile::tempdir().unwrap();
+        let wt = root.path().join("task-8");
+        let unknown = "1234567890123456789012345678901234567890";
+        let e = prepare_worktree(r.path(), unknown, 8, &wt, None).unwrap_err();
+        assert!(e.permanent && e.message.contains("base commit"), "{e}");
+        let e = prepare_worktree(&root.path().join("gone"), unknown, 8, &wt, None).unwrap_err();
+        assert!(e.permanent && e.message.contains("no longer exists"), "{e}");
+    }
+
+    #[test]
+    fn many_worktrees_started_at_once_on_a_fresh_repository_all_succeed() {
+        // libgit2 creates `.git/worktrees` without tolerating a concurrent creator; several
+        // rounds, since the race needs the first creations to overlap.
+        for _ in 0..30 {
+            let r = repo();
+            let base = resolve_repo(r.path(), None).unwrap().base;
+            let root = tempfile::tempdir().unwrap();
+            let barrier = std::sync::Arc::new(std::sync::Barrier::new(12));
+            let handles: Vec<_> = (1..=12)
+                .map(|id| {
+                    let (repo, base, barrier) =
+                        (r.path().to_path_buf(), base.clone(), barrier.clone());
+                    let wt = root.path().join(format!("task-{id}"));
+                    std::thread::spawn(move || {
+                        barrier.wait();
+                        prepare_worktree(&repo, &base, id, &wt, None)
+                    })
+                })
+                .collect();
+            for h in handles {
+                let p = h.join().unwrap().unwrap();
+                assert!(p.created);
+            }
+        }
     }
 }

@@ -48,6 +48,9 @@ pub struct WorkerConfig {
     /// bridge is merged into it, since OpenCode reads only one such variable.
     pub opencode_config_content: Option<String>,
     pub notify: NotifyConfig,
+    /// Fault injection for the chaos tests (`TASKBRIDGE_FAULT_WORKTREE_PAUSE_MS`): a pause in
+    /// the middle of making a worktree, so a kill can land there.
+    pub fault_worktree_pause: Option<Duration>,
 }
 
 impl Default for WorkerConfig {
@@ -63,6 +66,7 @@ impl Default for WorkerConfig {
             claude_bridge: None,
             opencode_config_content: None,
             notify: NotifyConfig::default(),
+            fault_worktree_pause: None,
         }
     }
 }
@@ -403,20 +407,35 @@ impl Worker {
             .as_ref()
             .map(PathBuf::from)
             .unwrap_or_else(|| self.home.worktrees_dir().join(format!("task-{}", id.0)));
-        let fresh = !dir.exists();
         let (repo, base, d) = (PathBuf::from(&task.repo), task.base.clone(), dir.clone());
-        let branch = match tokio::task::spawn_blocking(move || {
-            git::prepare_worktree(&repo, &base, id.0, &d)
+        let pause = self.cfg.fault_worktree_pause;
+        log.line("preparing the worktree");
+        let prepared = tokio::task::spawn_blocking(move || {
+            git::prepare_worktree(&repo, &base, id.0, &d, pause)
         })
         .await
-        .map_err(|e| Error::Join(e.to_string()))?
-        {
-            Ok(b) => b,
-            Err(e) => {
+        .map_err(|e| Error::Join(e.to_string()))?;
+        let prepared = match prepared {
+            Ok(p) => p,
+            Err(e) if e.permanent => {
                 let error = format!("could not prepare the worktree: {e}");
                 return Ok(Some(Outcome::FailedPermanently { error, result: None }));
             }
+            Err(e) => {
+                // A lock, a crash's leftovers we could not clear yet, a file system hiccup:
+                // another attempt, after the backoff, may well succeed.
+                return Ok(Some(Outcome::Failed {
+                    error: format!("could not prepare the worktree (will retry): {e}"),
+                    result: None,
+                    backoff_s: self.backoff(task.attempts),
+                }));
+            }
         };
+        for r in &prepared.repairs {
+            log.line(&format!("repaired: {r}"));
+            tracing::warn!(task = %id, "{r}");
+        }
+        let branch = prepared.branch.clone();
         log.line(&format!("worktree {} on branch {branch}", dir.display()));
         let facts = RunFacts {
             branch: Some(branch.clone()),
@@ -426,7 +445,9 @@ impl Worker {
         if let Err(e) = self.blocking(move |s| s.record_run(id, token, facts)).await {
             return lost_or(e);
         }
-        if fresh && let Some(error) = self.setup(task, &dir, log).await {
+        if prepared.created
+            && let Some(error) = self.setup(task, &dir, log).await
+        {
             return Ok(Some(Outcome::Failed {
                 error,
                 result: None,
