@@ -148,26 +148,65 @@ fn a_question_waits_and_the_answer_resumes_the_same_session() {
     assert_eq!(t["result"]["usage"]["cache_read_tokens"].as_u64().unwrap(), sent.cache_read);
 }
 
-#[test]
-fn an_api_401_fails_after_its_retries_with_the_error_message() {
-    let env = Env::new();
-    let err = || Turn::Error {
+fn unauthorized() -> Turn {
+    Turn::Error {
         status: 401,
         kind: "authentication_error".into(),
         message: "invalid x-api-key".into(),
-    };
-    let mock = MockAnthropic::spawn(vec![err(), err(), err(), err(), err(), err()]);
+    }
+}
+
+#[test]
+fn an_api_401_fails_at_once_naming_the_model_and_how_to_log_in() {
+    let env = Env::new();
+    let mock = MockAnthropic::spawn((0..6).map(|_| unauthorized()).collect());
     let env = env.with_mock(&mock);
-    let id = env.submit(&["Anything", "--max-attempts", "2"]);
+    let id = env.submit(&["Anything", "--max-attempts", "3"]);
     let _worker = env.start_worker(1);
     let t = env.wait_task(id, RUN, |t| t["status"] == "failed");
     let error = t["error"].as_str().unwrap();
-    assert!(error.contains("invalid x-api-key"), "{error}");
-    assert!(error.contains("401"), "{error}");
-    assert_eq!(t["attempts"], 2);
+    for part in ["invalid x-api-key", "401", MODEL, "provider anthropic", "opencode auth login"] {
+        assert!(error.contains(part), "'{part}' missing from: {error}");
+    }
+    assert_eq!(t["attempts"], 1, "credentials a retry cannot fix do not use up the attempts");
     assert!(env.worktree(id).exists(), "a failed task's worktree stays for inspection");
-    let log = env.log(id);
-    assert!(log.contains("attempt 1 of 2") && log.contains("attempt 2 of 2"), "{log}");
+    assert!(env.log(id).contains("attempt 1 of 3"));
+}
+
+#[test]
+fn with_no_model_configured_the_error_names_the_model_opencode_chose() {
+    let env = Env::new();
+    let mock = MockAnthropic::spawn((0..6).map(|_| unauthorized()).collect());
+    let mut env = env.with_mock(&mock);
+    // Only the loopback provider, so OpenCode's own default is one of its models.
+    let mut cfg: Value = serde_json::from_str(env.opencode_config.as_deref().unwrap()).unwrap();
+    cfg["enabled_providers"] = serde_json::json!(["anthropic"]);
+    env.opencode_config = Some(cfg.to_string());
+    let id = env.submit(&["Anything"]);
+    let mut worker = env.cmd();
+    worker.env_remove("TASKBRIDGE_MODEL").args(["worker", "--once"]);
+    assert!(worker.output().unwrap().status.success());
+    let t = env.show(id);
+    assert_eq!(t["status"], "failed");
+    let error = t["error"].as_str().unwrap();
+    assert!(error.contains("OpenCode's own default model anthropic/"), "{error}");
+    assert!(error.contains("no model is configured"), "{error}");
+    assert!(error.contains("set-default-model"), "{error}");
+}
+
+#[test]
+fn a_model_opencode_does_not_offer_is_refused_at_submit_with_the_near_names() {
+    let env = Env::new();
+    let mock = MockAnthropic::spawn(vec![]);
+    let env = env.with_mock(&mock);
+    let out = env.run(&["submit", "x", "--model", "anthropic/claude-sonnet-9"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("unknown model 'anthropic/claude-sonnet-9'"), "{err}");
+    assert!(err.contains("anthropic/claude-sonnet-4-5"), "near names are offered: {err}");
+    assert!(env.ok(&["list"]).contains("no tasks"), "nothing was stored");
+    // A known one is accepted.
+    env.submit(&["x", "--model", MODEL]);
 }
 
 #[test]

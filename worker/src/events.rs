@@ -1,4 +1,5 @@
-//! Reading `opencode run --format json`: one JSON event per line (agent-clis.md §1.4).
+//! Reading `opencode run --format json`: one JSON event per line (`step_start`, `text`,
+//! `reasoning`, `tool_use`, `step_finish`, `error`), each with the `sessionID` and a `part`.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -47,7 +48,25 @@ pub struct RunLog {
     pub tool_calls: Vec<ToolCall>,
     pub usage: Usage,
     pub error: Option<String>,
+    /// The error event's fields, for telling an error a retry can fix from one it cannot.
+    pub error_detail: Option<AgentError>,
+    /// `provider/model` as OpenCode's own log names it (`--print-logs`): the model it really
+    /// used, which is its default when TaskBridge named none.
+    pub model_seen: Option<String>,
     pub events: u64,
+}
+
+/// An `error` event's fields.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AgentError {
+    /// `APIError`, `ProviderAuthError`, `UnknownError`, ...
+    pub name: String,
+    pub message: String,
+    pub status: Option<i64>,
+    /// OpenCode's own verdict (`isRetryable`), when it gives one.
+    pub retryable: Option<bool>,
+    /// The endpoint that was called (`metadata.url`).
+    pub url: Option<String>,
 }
 
 /// A human-readable line for the task log, if the event deserves one.
@@ -131,12 +150,48 @@ impl RunLog {
                 ))
             }
             "error" => {
-                let msg = error_message(ev.get("error").unwrap_or(&Value::Null));
+                let err = ev.get("error").unwrap_or(&Value::Null);
+                let msg = error_message(err);
                 self.error = Some(msg.clone());
+                self.error_detail = Some(agent_error(err));
                 Some(format!("error: {msg}"))
             }
             _ => None,
         }
+    }
+}
+
+impl RunLog {
+    /// Reads one line of OpenCode's stderr log (`key=value` pairs) for the model it used.
+    pub fn ingest_stderr(&mut self, line: &str) {
+        if self.model_seen.is_some() {
+            return;
+        }
+        let field = |key: &str| {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(key))
+                .map(|v| v.trim_matches('"').to_owned())
+                .filter(|v| !v.is_empty() && v != "undefined")
+        };
+        if let (Some(p), Some(m)) = (field("providerID="), field("modelID=")) {
+            self.model_seen = Some(format!("{p}/{m}"));
+        }
+    }
+}
+
+fn agent_error(err: &Value) -> AgentError {
+    let data = err.get("data").cloned().unwrap_or(Value::Null);
+    AgentError {
+        name: err.get("name").and_then(Value::as_str).unwrap_or("Error").to_owned(),
+        message: data
+            .get("message")
+            .and_then(Value::as_str)
+            .or_else(|| err.get("message").and_then(Value::as_str))
+            .unwrap_or("unknown error")
+            .to_owned(),
+        status: data.get("statusCode").and_then(Value::as_i64),
+        retryable: data.get("isRetryable").and_then(Value::as_bool),
+        url: data.pointer("/metadata/url").and_then(Value::as_str).map(str::to_owned),
     }
 }
 

@@ -10,6 +10,7 @@
 //! of it and meet it only through the queue database.
 
 pub mod clear;
+pub mod diagnose;
 pub mod error;
 pub mod events;
 pub mod git;

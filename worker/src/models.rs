@@ -122,12 +122,15 @@ pub fn check_model(store: &Store, opencode: &Path, model: &str) -> Result<ModelC
         return Ok(ModelCheck::Known);
     }
     let provider = model.split('/').next().unwrap_or("");
-    let near: Vec<&str> = models
+    // The closest names first: those sharing the longest start with what was asked.
+    let shared = |m: &str| m.chars().zip(model.chars()).take_while(|(a, b)| a == b).count();
+    let mut near: Vec<&str> = models
         .iter()
         .filter(|m| m.split('/').next() == Some(provider))
-        .take(10)
         .map(String::as_str)
         .collect();
+    near.sort_by_key(|m| std::cmp::Reverse(shared(m)));
+    near.truncate(6);
     Err(Error::Config(format!(
         "unknown model '{model}'; `taskbridge list-models` lists the {} models OpenCode offers{}",
         models.len(),

@@ -205,6 +205,7 @@ pub async fn run_agent(
             line = err_rx.recv(), if stderr_open => match line {
                 Some(line) => {
                     log.line(&format!("stderr: {line}"));
+                    run.ingest_stderr(&line);
                     if tail.len() == 20 {
                         tail.pop_front();
                     }

@@ -9,10 +9,12 @@
 //! requests. A lost lease stops the run without writing anything: the fencing token makes sure a
 //! worker that was paused or partitioned can never overwrite the next run's result.
 
+use crate::diagnose::{self, Diagnosis, ModelUsed};
 use crate::error::{Error, Result};
-use crate::events::Usage;
+use crate::events::{AgentError, Usage};
 use crate::git;
 use crate::logs::TaskLog;
+use crate::models;
 use crate::notify::{self, NotifyConfig};
 use crate::process::{self, AgentCommand, StopReason};
 use crate::result::{self, TaskResult};
@@ -464,7 +466,16 @@ impl Worker {
                 .flatten()
                 .or_else(|| self.cfg.default_model.clone()),
         };
-        let mut args: Vec<String> = vec!["run".into(), "--format".into(), "json".into()];
+        // `--print-logs --log-level ERROR` adds OpenCode's error lines to stderr, which name the
+        // provider and model it used: its own default when TaskBridge names none.
+        let mut args: Vec<String> = vec![
+            "run".into(),
+            "--format".into(),
+            "json".into(),
+            "--print-logs".into(),
+            "--log-level".into(),
+            "ERROR".into(),
+        ];
         // --auto answers "ask" rules (which headless OpenCode would auto-reject, ending the run);
         // our explicit denies below still hold.
         args.push("--auto".into());
@@ -582,25 +593,30 @@ impl Worker {
                 self.fill_diff(task, &dir, &mut res, false).await;
                 return Ok(Some(Outcome::Cancelled { result: Some(to_json(&res)) }));
             }
-            Some(StopReason::Timeout) => Some(format!("timed out after {} s", task.timeout_s)),
-            None => match (&exit.run.error, exit.exit_code) {
-                (Some(e), _) => Some(e.clone()),
+            Some(StopReason::Timeout) => Some(Diagnosis {
+                message: format!("timed out after {} s", task.timeout_s),
+                retryable: true,
+            }),
+            None => match (&exit.run.error_detail, exit.exit_code) {
+                (Some(e), _) => {
+                    let used =
+                        ModelUsed { requested: model.clone(), seen: exit.run.model_seen.clone() };
+                    Some(self.diagnose_agent_error(e, &used).await)
+                }
                 (None, Some(0)) => None,
-                (None, code) => Some(format!(
-                    "opencode exited with {}{}",
-                    code.map_or("a signal".to_owned(), |c| format!("status {c}")),
-                    if exit.stderr_tail.is_empty() {
-                        String::new()
-                    } else {
-                        format!(": {}", exit.stderr_tail)
-                    }
-                )),
+                (None, code) => Some(diagnose::exit_failure(code, &exit.stderr_tail)),
             },
         };
-        if let Some(error) = failure {
+        if let Some(d) = failure {
             self.fill_diff(task, &dir, &mut res, false).await;
+            if !d.retryable {
+                return Ok(Some(Outcome::FailedPermanently {
+                    error: d.message,
+                    result: Some(to_json(&res)),
+                }));
+            }
             return Ok(Some(Outcome::Failed {
-                error,
+                error: d.message,
                 result: Some(to_json(&res)),
                 backoff_s: self.backoff(task.attempts),
             }));
@@ -640,6 +656,24 @@ impl Worker {
             }
         }
         Ok(Some(Outcome::Done { result: to_json(&res) }))
+    }
+
+    /// An agent error, explained. OpenCode answers a model it does not offer with an
+    /// `UnknownError` that says nothing more; asking its model list tells that case apart.
+    async fn diagnose_agent_error(&self, e: &AgentError, used: &ModelUsed) -> Diagnosis {
+        if e.name == "UnknownError"
+            && let Some(m) = used.requested.clone()
+        {
+            let opencode = self.cfg.opencode.clone();
+            let check = self.blocking(move |s| Ok(models::check_model(s, &opencode, &m))).await;
+            if let Ok(Err(unknown)) = check {
+                return Diagnosis {
+                    message: format!("{unknown}; the task cannot run with it"),
+                    retryable: false,
+                };
+            }
+        }
+        diagnose::agent_error(e, used)
     }
 
     /// Fills files_touched, diff and diffstat from git; with `commit`, first commits the work on
