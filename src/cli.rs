@@ -118,6 +118,9 @@ pub enum Command {
         #[arg(long)]
         refresh: bool,
     },
+    /// Set the model for tasks that name none, checked against the models OpenCode offers.
+    #[command(name = "set-default-model")]
+    SetDefaultModel { model: String },
     /// MCP server over stdio (for Claude Desktop and Claude Code), with an embedded worker.
     Mcp {
         #[command(flatten)]
@@ -142,6 +145,13 @@ pub enum Command {
         /// The HTTP endpoint to name for HTTP clients.
         #[arg(long, default_value = "http://127.0.0.1:8765/mcp")]
         http_url: String,
+    },
+    /// Check what TaskBridge needs: OpenCode, a model, the home and database, the client
+    /// registrations and a live worker. Each failing line says the fix.
+    Doctor {
+        /// Also send the model a one-word prompt, to see that it answers.
+        #[arg(long)]
+        probe: bool,
     },
     /// Run `taskbridge serve` as a user service (systemd on Linux, launchd on macOS):
     /// install, uninstall or status.

@@ -182,13 +182,33 @@ pub fn run(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode> {
         Command::Config { client, write, http_url } => {
             crate::clients::run(&client, write, ctx.home.root(), &http_url)?
         }
+        Command::Models { provider, set_default, refresh } => {
+            let opencode = &ctx.config.worker.opencode;
+            match set_default {
+                Some(m) => {
+                    worker::models::set_default_model(store, opencode, &m)?;
+                    outln!("default model: {m}");
+                }
+                None => {
+                    for m in
+                        worker::models::list_models(store, opencode, provider.as_deref(), refresh)?
+                    {
+                        outln!("{m}");
+                    }
+                }
+            }
+        }
+        Command::SetDefaultModel { model } => {
+            worker::models::set_default_model(store, &ctx.config.worker.opencode, &model)?;
+            outln!("default model: {model}");
+        }
+        Command::Doctor { probe } => return crate::doctor::run(&ctx, probe),
         Command::Service { action } => crate::service::service(&action, ctx.home.root())?,
         Command::Worker(_)
         | Command::Mcp { .. }
         | Command::Serve(_)
         | Command::Tui(_)
-        | Command::ClaudeMcp(_)
-        | Command::Models { .. } => unreachable_long_running()?,
+        | Command::ClaudeMcp(_) => unreachable_long_running()?,
     }
     Ok(ExitCode::SUCCESS)
 }

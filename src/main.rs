@@ -7,6 +7,7 @@ mod cli;
 mod clients;
 mod commands;
 mod config;
+mod doctor;
 mod logging;
 mod public;
 mod run;
@@ -56,7 +57,6 @@ fn real_main(cli: cli::Cli) -> anyhow::Result<std::process::ExitCode> {
         cli::Command::Worker(_)
             | cli::Command::Mcp { .. }
             | cli::Command::Serve(_)
-            | cli::Command::Models { .. }
             | cli::Command::Tui(_)
             | cli::Command::ClaudeMcp(_)
     );

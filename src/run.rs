@@ -70,22 +70,6 @@ pub async fn long_running(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode
             eprintln!("taskbridge worker {} on {}", running.worker.id(), ctx.db_path.display());
             running.handle.await.context("worker task")??;
         }
-        Command::Models { provider, set_default, refresh } => {
-            let opencode = ctx.config.worker.opencode.clone();
-            let store = ctx.store.clone();
-            let listed = tokio::task::spawn_blocking(move || match set_default {
-                Some(m) => worker::models::set_default_model(&store, &opencode, &m)
-                    .map(|()| vec![format!("default model: {m}")]),
-                None => {
-                    worker::models::list_models(&store, &opencode, provider.as_deref(), refresh)
-                }
-            })
-            .await
-            .context("listing models")??;
-            for line in listed {
-                outln!("{line}");
-            }
-        }
         Command::Mcp { worker: emb } => {
             let embedded = embedded(&ctx, &emb, shutdown.clone())?;
             let server = mcp_server(&ctx, &emb, embedded.as_ref())?;

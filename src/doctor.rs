@@ -1,0 +1,349 @@
+//! `taskbridge doctor`: what a newcomer runs to see what is missing. Each check prints one line,
+//! `ok`, `warn` or `FAIL`, and every line that is not `ok` says the fix. Exits non-zero when a
+//! check fails (a warning alone does not).
+
+use crate::Ctx;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The OpenCode release TaskBridge is tested against.
+pub const OPENCODE_TESTED: &str = "1.18.33";
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Level {
+    Ok,
+    Warn,
+    Fail,
+}
+
+struct Check {
+    level: Level,
+    what: String,
+    fix: Option<String>,
+}
+
+fn ok(what: impl Into<String>) -> Check {
+    Check { level: Level::Ok, what: what.into(), fix: None }
+}
+fn warn(what: impl Into<String>, fix: impl Into<String>) -> Check {
+    Check { level: Level::Warn, what: what.into(), fix: Some(fix.into()) }
+}
+fn fail(what: impl Into<String>, fix: impl Into<String>) -> Check {
+    Check { level: Level::Fail, what: what.into(), fix: Some(fix.into()) }
+}
+
+/// Runs `cmd` with a time limit (stdout and stderr captured), killing it if it overruns.
+fn run_limited(cmd: &mut Command, limit: Duration) -> Result<std::process::Output, String> {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    // Drain both pipes while waiting, so a chatty child cannot block on a full pipe.
+    let mut out_pipe = child.stdout.take();
+    let mut err_pipe = child.stderr.take();
+    let out = std::thread::spawn(move || {
+        let mut b = Vec::new();
+        if let Some(p) = out_pipe.as_mut() {
+            let _ = std::io::Read::read_to_end(p, &mut b);
+        }
+        b
+    });
+    let err = std::thread::spawn(move || {
+        let mut b = Vec::new();
+        if let Some(p) = err_pipe.as_mut() {
+            let _ = std::io::Read::read_to_end(p, &mut b);
+        }
+        b
+    });
+    let start = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if start.elapsed() < limit => std::thread::sleep(Duration::from_millis(20)),
+            Ok(None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("no answer within {} s", limit.as_secs()));
+            }
+            Err(e) => return Err(e.to_string()),
+        }
+    };
+    Ok(std::process::Output {
+        status,
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
+    })
+}
+
+/// `program args`' stdout, or what went wrong.
+fn output(program: &Path, args: &[&str], limit: Duration) -> Result<String, String> {
+    let out = run_limited(Command::new(program).args(args), limit)?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        let err = String::from_utf8_lossy(&out.stderr);
+        Err(format!("{}: {}", out.status, err.trim().lines().last().unwrap_or("")))
+    }
+}
+
+fn which(program: &Path) -> Option<PathBuf> {
+    if program.components().count() > 1 {
+        return program.is_file().then(|| program.to_path_buf());
+    }
+    std::env::split_paths(&std::env::var_os("PATH")?).map(|d| d.join(program)).find(|c| c.is_file())
+}
+
+fn opencode(ctx: &Ctx) -> Check {
+    let program = &ctx.config.worker.opencode;
+    let install = format!(
+        "install it with `npm install -g opencode-ai@{OPENCODE_TESTED}`, or set TASKBRIDGE_OPENCODE \
+         (or `[worker] opencode` in the config file) to its path"
+    );
+    let Some(path) = which(program) else {
+        return fail(format!("OpenCode: '{}' not found", program.display()), install);
+    };
+    match output(&path, &["--version"], Duration::from_secs(30)) {
+        Ok(v) if v.trim() == OPENCODE_TESTED => {
+            ok(format!("OpenCode {} at {}", v.trim(), path.display()))
+        }
+        Ok(v) => warn(
+            format!(
+                "OpenCode {} at {} (TaskBridge is tested with {OPENCODE_TESTED})",
+                v.trim(),
+                path.display()
+            ),
+            format!("if tasks misbehave, `npm install -g opencode-ai@{OPENCODE_TESTED}`"),
+        ),
+        Err(e) => fail(format!("OpenCode at {} does not run: {e}", path.display()), install),
+    }
+}
+
+/// The model tasks get when they name none, checked against what OpenCode offers.
+fn model(ctx: &Ctx) -> (Check, Option<String>) {
+    let stored = ctx.store.setting("default_model").ok().flatten();
+    let (model, from) = match (&stored, &ctx.config.worker.default_model) {
+        (Some(m), _) => (Some(m.clone()), "set with set-default-model"),
+        (None, Some(m)) => (Some(m.clone()), "from TASKBRIDGE_MODEL or the config file"),
+        (None, None) => (None, ""),
+    };
+    let set_up = "set up a provider (`opencode auth login`, or its API key such as \
+                  ANTHROPIC_API_KEY), then `taskbridge set-default-model PROVIDER/MODEL` \
+                  (`taskbridge list-models` lists them)";
+    // OpenCode's own config may name one (`model` in opencode.json).
+    let own = || {
+        let path = which(&ctx.config.worker.opencode)?;
+        let text = output(&path, &["debug", "config"], Duration::from_secs(30)).ok()?;
+        let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+        v.get("model")?.as_str().map(str::to_owned)
+    };
+    let (m, from) = match model {
+        Some(m) => (m, from),
+        None => match own() {
+            Some(m) => (m, "from OpenCode's own config"),
+            None => {
+                return (
+                    warn(
+                        "model: none configured, so OpenCode picks its own default (a hosted \
+                         one, which needs the network)",
+                        set_up,
+                    ),
+                    None,
+                );
+            }
+        },
+    };
+    let check = worker::models::check_model(&ctx.store, &ctx.config.worker.opencode, &m);
+    let c = match check {
+        Ok(worker::models::ModelCheck::Known) => {
+            ok(format!("model {m} ({from}) is offered by OpenCode"))
+        }
+        Ok(worker::models::ModelCheck::Unverified(why)) => {
+            warn(format!("model {m} ({from}) could not be checked: {why}"), "fix OpenCode first")
+        }
+        Err(e) => fail(format!("model {m} ({from}): {e}"), set_up),
+    };
+    (c, Some(m))
+}
+
+/// A one-token prompt through OpenCode: the model is not only named but answers.
+fn probe(ctx: &Ctx, model: &str) -> Check {
+    let Some(path) = which(&ctx.config.worker.opencode) else {
+        return fail("probe: OpenCode not found", "see the OpenCode line above");
+    };
+    let dir = std::env::temp_dir().join(format!("taskbridge-probe-{}", std::process::id()));
+    let _ = std::fs::create_dir_all(&dir);
+    let mut cmd = Command::new(&path);
+    cmd.args(["run", "--format", "json", "-m", model, "Reply with the single word OK."])
+        .current_dir(&dir);
+    let started = Instant::now();
+    let out = run_limited(&mut cmd, Duration::from_secs(120));
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = match out {
+        Ok(o) => o,
+        Err(e) => return fail(format!("probe: could not run OpenCode: {e}"), "see above"),
+    };
+    let mut run = worker::events::RunLog::default();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        run.ingest(line);
+    }
+    match (&run.error, out.status.success()) {
+        (None, true) if run.usage.output_tokens > 0 || !run.texts.is_empty() => {
+            ok(format!("probe: {model} answered in {:.1} s", started.elapsed().as_secs_f64()))
+        }
+        (Some(e), _) => fail(
+            format!("probe: {model} did not answer: {e}"),
+            "check the provider's key (`opencode auth login`) and endpoint, or choose another model",
+        ),
+        _ => fail(
+            format!("probe: {model} gave no answer (opencode exited with {})", out.status),
+            "run `opencode run -m MODEL hi` to see OpenCode's own error",
+        ),
+    }
+}
+
+fn home(ctx: &Ctx) -> Check {
+    let probe = ctx.home.root().join(".doctor-write-test");
+    let file = std::fs::write(&probe, b"ok").and_then(|()| std::fs::remove_file(&probe));
+    let db =
+        ctx.store.set_setting("doctor_checked_at", &format!("{:?}", std::time::SystemTime::now()));
+    match (file, db) {
+        (Ok(()), Ok(())) => ok(format!(
+            "home {} and database {} are writable",
+            ctx.home.root().display(),
+            ctx.db_path.display()
+        )),
+        (Err(e), _) => fail(
+            format!("home {} is not writable: {e}", ctx.home.root().display()),
+            "free some space or fix its permissions, or pass --home DIR",
+        ),
+        (_, Err(e)) => fail(
+            format!("database {} is not writable: {e}", ctx.db_path.display()),
+            "free some space or fix its permissions, or pass --db PATH",
+        ),
+    }
+}
+
+/// The `mcpServers.taskbridge` entry of a client's JSON config, if any.
+fn entry(path: &Path, section: &str) -> Option<serde_json::Value> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let doc: serde_json::Value = serde_json::from_str(&text).ok()?;
+    doc.get(section)?.get("taskbridge").cloned()
+}
+
+/// The command an entry runs exists (a stale path after a reinstall is a common breakage).
+fn entry_check(client: &str, path: &Path, e: serde_json::Value, fix: &str) -> Check {
+    let command = match &e["command"] {
+        serde_json::Value::String(s) => Some(s.clone()),
+        serde_json::Value::Array(a) => a.first().and_then(|v| v.as_str()).map(str::to_owned),
+        _ => None,
+    };
+    match command {
+        Some(c) if !Path::new(&c).exists() => fail(
+            format!("{client}: the entry in {} runs {c}, which does not exist", path.display()),
+            fix,
+        ),
+        Some(c) => ok(format!("{client}: registered in {} ({c})", path.display())),
+        None if e.get("url").is_some() => {
+            ok(format!("{client}: registered in {} (HTTP {})", path.display(), e["url"]))
+        }
+        None => warn(format!("{client}: the entry in {} has no command", path.display()), fix),
+    }
+}
+
+fn registrations(ctx: &Ctx) -> Vec<Check> {
+    let mut out = Vec::new();
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default();
+    let claude = home.join(".claude.json");
+    let project = ctx.cwd.join(".mcp.json");
+    let fix = "run `taskbridge config claude-code --write` (or paste a line from `taskbridge config claude-code`)";
+    match entry(&claude, "mcpServers")
+        .map(|e| (claude.clone(), e))
+        .or_else(|| entry(&project, "mcpServers").map(|e| (project.clone(), e)))
+    {
+        Some((p, e)) => out.push(entry_check("Claude Code", &p, e, fix)),
+        None => out.push(warn("Claude Code: TaskBridge is not registered", fix)),
+    }
+    let fix = "run `taskbridge config claude-desktop --write`, then restart Claude Desktop";
+    if let Ok(p) = crate::clients::claude_desktop_path() {
+        match entry(&p, "mcpServers") {
+            Some(e) => out.push(entry_check("Claude Desktop", &p, e, fix)),
+            None if p.parent().is_some_and(Path::exists) => {
+                out.push(warn("Claude Desktop: installed, but TaskBridge is not registered", fix))
+            }
+            None => {}
+        }
+    }
+    if let Ok(p) = crate::clients::opencode_config_path()
+        && let Some(e) = entry(&p, "mcp")
+    {
+        out.push(entry_check(
+            "OpenCode (reverse bridge)",
+            &p,
+            e,
+            "run `taskbridge config opencode --write`",
+        ));
+    }
+    out
+}
+
+fn workers(ctx: &Ctx) -> Check {
+    match ctx.store.list_workers() {
+        Ok(ws) => {
+            let alive: Vec<_> = ws.iter().filter(|w| !w.stopped && !w.stale).collect();
+            if alive.is_empty() {
+                warn(
+                    "worker: none alive, so submitted tasks wait in the queue",
+                    "start `taskbridge tui` or `taskbridge worker`, or `taskbridge service install` \
+                     to keep one running (the MCP servers run one inside)",
+                )
+            } else {
+                let list: Vec<String> =
+                    alive.iter().map(|w| format!("{} (pid {})", w.id, w.pid)).collect();
+                ok(format!("worker: {} alive: {}", alive.len(), list.join(", ")))
+            }
+        }
+        Err(e) => fail(format!("worker: cannot read the workers: {e}"), "see the home line above"),
+    }
+}
+
+pub fn run(ctx: &Ctx, with_probe: bool) -> anyhow::Result<std::process::ExitCode> {
+    let mut checks = vec![opencode(ctx)];
+    let (m, model) = model(ctx);
+    checks.push(m);
+    if with_probe {
+        match &model {
+            Some(m) => checks.push(probe(ctx, m)),
+            None => {
+                checks.push(warn("probe: skipped, no model is configured", "configure one first"))
+            }
+        }
+    }
+    checks.push(home(ctx));
+    checks.extend(registrations(ctx));
+    checks.push(workers(ctx));
+    if let Some(p) = &ctx.config.path
+        && p.exists()
+    {
+        checks.push(ok(format!("config file {} read", p.display())));
+    }
+    let mut failed = false;
+    for c in &checks {
+        let tag = match c.level {
+            Level::Ok => "ok  ",
+            Level::Warn => "warn",
+            Level::Fail => "FAIL",
+        };
+        failed |= c.level == Level::Fail;
+        outln!("{tag}  {}", c.what);
+        if let Some(fix) = &c.fix {
+            outln!("      fix: {fix}");
+        }
+    }
+    if !with_probe && !failed {
+        outln!("(`taskbridge doctor --probe` also sends the model a one-word prompt)");
+    }
+    Ok(if failed { std::process::ExitCode::FAILURE } else { std::process::ExitCode::SUCCESS })
+}
