@@ -10,8 +10,12 @@
 #                                     OpenCode's opencode.json without asking
 #   --tunnel cloudflare|ngrok         show how to start public-URL mode with that tunnel
 #   --no-start                        install only        --dev   a debug build (faster to build)
+# At the end it runs `taskbridge doctor`, then starts the control center in the directory you ran
+# it from (not in this checkout: tasks run in the repository the TUI starts in).
 set -euo pipefail
+user_dir="$PWD"
 cd "$(dirname "${BASH_SOURCE[0]}")"
+checkout="$PWD"
 
 yes=0 start=1 dev=0 code=ask desktop=ask opencode=ask tunnel=""
 while [ $# -gt 0 ]; do
@@ -23,16 +27,24 @@ while [ $# -gt 0 ]; do
     --claude-desktop) desktop=yes ;;
     --opencode) opencode=yes ;;
     --tunnel) shift; tunnel="${1:-}" ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "install.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
 done
 case "$tunnel" in ""|cloudflare|ngrok) ;; *) echo "install.sh: --tunnel takes cloudflare or ngrok" >&2; exit 2 ;; esac
 
+said_no_tty=0
 ask() {
   [ "$yes" = 1 ] && return 0
-  [ -t 0 ] || return 1
+  if ! [ -t 0 ]; then
+    if [ "$said_no_tty" = 0 ]; then
+      echo "install.sh: standard input is not a terminal, so every question is answered no; run ./install.sh --yes to answer yes to all." >&2
+      said_no_tty=1
+    fi
+    echo "  (no) $1" >&2
+    return 1
+  fi
   read -r -p "$1 [Y/n] " reply
   [ -z "$reply" ] || [ "${reply,,}" = y ] || [ "${reply,,}" = yes ]
 }
@@ -51,7 +63,7 @@ if ! command -v opencode >/dev/null && [ -z "${TASKBRIDGE_OPENCODE:-}" ]; then
   if ask "OpenCode is not installed. Install it now (npm install -g opencode-ai@1.18.33)?"; then
     npm install -g --no-audit --no-fund opencode-ai@1.18.33
   else
-    echo "TaskBridge needs OpenCode to run tasks: npm install -g opencode-ai (or set TASKBRIDGE_OPENCODE)."
+    echo "TaskBridge needs OpenCode to run tasks: npm install -g opencode-ai@1.18.33 (or set TASKBRIDGE_OPENCODE)."
   fi
 fi
 
@@ -79,8 +91,20 @@ if [ -n "$tunnel" ]; then
   echo "  Public URL:             $bin serve --public $tunnel   (prints the URL and the token)"
 fi
 
+echo
+echo "Checking the set-up (taskbridge doctor):"
+"$bin" doctor || echo "(fix the lines marked FAIL above, then run \`taskbridge doctor\` again)"
+
 if [ "$start" = 1 ]; then
   echo
-  echo "Starting the control center (MCP on http://127.0.0.1:8765/mcp, a worker inside; q quits)."
-  exec "$bin" tui
+  if [ "$user_dir" = "$checkout" ]; then
+    # New tasks run in the repository the TUI starts in; TaskBridge's own source is not it.
+    echo "To start the control center, cd to your project and run: taskbridge tui"
+  elif ! [ -t 0 ] || ! [ -t 1 ]; then
+    echo "Not a terminal, so the control center was not started; in your project run: taskbridge tui"
+  else
+    echo "Starting the control center in $user_dir (MCP on http://127.0.0.1:8765/mcp, a worker inside; q quits)."
+    cd "$user_dir"
+    exec "$bin" tui
+  fi
 fi

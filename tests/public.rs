@@ -305,6 +305,44 @@ fn install_sh_yes_installs_and_registers_in_a_fresh_home() {
     )
     .unwrap();
     assert_eq!(opencode["mcp"]["taskbridge"]["command"][3], "claude-mcp");
+    assert!(stdout.contains("Checking the set-up") && stdout.contains("ok    home"), "{stdout}");
+
+    // Piped answers: each question is answered no, and the script says so and names --yes; run
+    // from the checkout itself, it does not start the TUI there.
+    let home2 = env.dir.path().join("home2");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let cargo_dir = Path::new(&cargo).parent().unwrap_or(Path::new("/usr/bin")).to_path_buf();
+    std::fs::create_dir_all(&home2).unwrap();
+    let out = std::process::Command::new("bash")
+        .arg("install.sh")
+        .arg("--dev")
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("HOME", &home2)
+        .env("XDG_CONFIG_HOME", home2.join(".config"))
+        .env(
+            "CARGO_HOME",
+            std::env::var("CARGO_HOME")
+                .unwrap_or_else(|_| format!("{}/.cargo", std::env::var("HOME").unwrap())),
+        )
+        .env("CARGO_INSTALL_ROOT", &root)
+        .env("CARGO_TARGET_DIR", Path::new(env!("CARGO_MANIFEST_DIR")).join("target/install-sh"))
+        // cargo, and no OpenCode: the path a newcomer without it takes.
+        .env("PATH", format!("{}:/usr/bin:/bin", cargo_dir.display()))
+        .env_remove("TASKBRIDGE_OPENCODE")
+        .env("TASKBRIDGE_HOME", &env.home)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("every question is answered no") && stderr.contains("--yes"),
+        "{stderr}"
+    );
+    assert!(stdout.contains("npm install -g opencode-ai@1.18.33"), "the pinned version: {stdout}");
+    assert!(stdout.contains("cd to your project and run: taskbridge tui"), "{stdout}");
+    assert!(!home2.join(".claude.json").exists(), "no means no");
 }
 
 #[test]

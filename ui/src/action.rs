@@ -12,6 +12,7 @@ pub enum Action {
     SelectLast,
     FocusNext,
     FocusPrev,
+    FocusQueue,
     OpenDetail,
     OpenLogs,
     OpenDiff,
@@ -29,12 +30,14 @@ pub enum Action {
     ToggleHelp,
     Quit,
     Send,
+    NextField,
+    CycleRepo,
     Confirm,
     Dismiss,
 }
 
 impl Action {
-    pub const ALL: [Action; 27] = [
+    pub const ALL: [Action; 30] = [
         Action::SelectNext,
         Action::SelectPrev,
         Action::PageDown,
@@ -43,6 +46,7 @@ impl Action {
         Action::SelectLast,
         Action::FocusNext,
         Action::FocusPrev,
+        Action::FocusQueue,
         Action::OpenDetail,
         Action::OpenLogs,
         Action::OpenDiff,
@@ -60,6 +64,8 @@ impl Action {
         Action::ToggleHelp,
         Action::Quit,
         Action::Send,
+        Action::NextField,
+        Action::CycleRepo,
         Action::Confirm,
         Action::Dismiss,
     ];
@@ -74,6 +80,7 @@ impl Action {
             Action::SelectLast => "select-last",
             Action::FocusNext => "focus-next",
             Action::FocusPrev => "focus-prev",
+            Action::FocusQueue => "focus-queue",
             Action::OpenDetail => "open-detail",
             Action::OpenLogs => "open-logs",
             Action::OpenDiff => "open-diff",
@@ -91,6 +98,8 @@ impl Action {
             Action::ToggleHelp => "toggle-help",
             Action::Quit => "quit",
             Action::Send => "send",
+            Action::NextField => "next-field",
+            Action::CycleRepo => "cycle-repo",
             Action::Confirm => "confirm",
             Action::Dismiss => "dismiss",
         }
@@ -104,8 +113,9 @@ impl Action {
             Action::PageUp => "Page up",
             Action::SelectFirst => "Go to the top",
             Action::SelectLast => "Go to the bottom",
-            Action::FocusNext => "Next pane",
-            Action::FocusPrev => "Previous pane",
+            Action::FocusNext => "Switch between the queue and the right pane",
+            Action::FocusPrev => "Switch between the queue and the right pane",
+            Action::FocusQueue => "Back to the queue",
             Action::OpenDetail => "Show the task's detail",
             Action::OpenLogs => "Show the task's live log",
             Action::OpenDiff => "Show the task's diff",
@@ -123,6 +133,8 @@ impl Action {
             Action::ToggleHelp => "Help",
             Action::Quit => "Quit",
             Action::Send => "Send",
+            Action::NextField => "Next field (new task: repository, prompt)",
+            Action::CycleRepo => "Next recently used repository (new task)",
             Action::Confirm => "Yes",
             Action::Dismiss => "Cancel / close",
         }

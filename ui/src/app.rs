@@ -35,7 +35,6 @@ pub enum RightPane {
 pub enum EditorKind {
     Answer(i64),
     Note(i64),
-    Submit,
     Search,
 }
 
@@ -49,6 +48,48 @@ pub enum Popup {
     Help,
     Confirm(ConfirmKind),
     Editor { kind: EditorKind, area: Box<TextArea<'static>> },
+    NewTask(Box<NewTask>),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NewTaskField {
+    Repo,
+    Prompt,
+}
+
+/// The new-task dialog: which repository (the TUI's directory by default, recently used ones a
+/// key away) and the prompt. It stays open until the queue accepts the task, so a repository
+/// that is refused loses nothing typed.
+pub struct NewTask {
+    pub repo: TextArea<'static>,
+    pub prompt: TextArea<'static>,
+    pub field: NewTaskField,
+    /// The TUI's directory first, then the repositories of the newest tasks.
+    pub recent: Vec<String>,
+    pub recent_at: usize,
+    /// Sent; waiting for the queue's answer.
+    pub sending: bool,
+}
+
+impl NewTask {
+    fn new(recent: Vec<String>) -> NewTask {
+        let mut repo = TextArea::from([recent.first().cloned().unwrap_or_default()]);
+        repo.set_block(
+            ratatui::widgets::Block::bordered()
+                .title(" Repository (Tab: prompt; Ctrl-R: a recent one) "),
+        );
+        repo.move_cursor(ratatui_textarea::CursorMove::End);
+        let mut prompt = TextArea::default();
+        prompt.set_block(
+            ratatui::widgets::Block::bordered()
+                .title(" New task: what should the agent do? (Ctrl-S submits, Esc cancels) "),
+        );
+        NewTask { repo, prompt, field: NewTaskField::Prompt, recent, recent_at: 0, sending: false }
+    }
+
+    pub fn repo_text(&self) -> String {
+        self.repo.lines().join("").trim().to_owned()
+    }
 }
 
 /// A change requested of the queue.
@@ -83,13 +124,31 @@ pub enum Effect {
 /// Results and facts coming into the app.
 pub enum Event {
     Key(KeyEvent),
-    Resize { height: u16 },
-    Tick { now: f64 },
-    Loaded { rows: Vec<TaskRow>, counts: BTreeMap<String, i64>, workers_alive: usize },
+    Resize {
+        height: u16,
+    },
+    Tick {
+        now: f64,
+    },
+    Loaded {
+        rows: Vec<TaskRow>,
+        counts: BTreeMap<String, i64>,
+        workers_alive: usize,
+    },
     DetailLoaded(Box<Task>),
-    LogLoaded { id: i64, text: String, next_offset: u64, from_tail: bool },
-    DiffLoaded { id: i64, text: String },
+    LogLoaded {
+        id: i64,
+        text: String,
+        next_offset: u64,
+        from_tail: bool,
+    },
+    DiffLoaded {
+        id: i64,
+        text: String,
+    },
     OpDone(Result<String, String>),
+    /// The queue's answer to the new-task dialog.
+    Submitted(Result<String, String>),
     Header(Header),
 }
 
@@ -205,7 +264,7 @@ impl Model {
             None => Mode::Normal,
             Some(Popup::Help) => Mode::Help,
             Some(Popup::Confirm(_)) => Mode::Confirm,
-            Some(Popup::Editor { .. }) => Mode::Editor,
+            Some(Popup::Editor { .. }) | Some(Popup::NewTask(_)) => Mode::Editor,
         }
     }
 
@@ -308,6 +367,20 @@ impl Model {
                 });
                 vec![Effect::Reload]
             }
+            Event::Submitted(r) => match r {
+                Ok(m) => {
+                    self.popup = None;
+                    self.message = Some(m);
+                    vec![Effect::Reload]
+                }
+                Err(e) => {
+                    if let Some(Popup::NewTask(form)) = &mut self.popup {
+                        form.sending = false;
+                    }
+                    self.message = Some(format!("error: {e}"));
+                    vec![]
+                }
+            },
             Event::Header(h) => {
                 self.header = h;
                 vec![]
@@ -399,11 +472,29 @@ impl Model {
     fn key(&mut self, k: KeyEvent) -> Vec<Effect> {
         let mode = self.mode();
         let action = self.keymap.resolve(mode, &k);
-        if let Some(Popup::Editor { area, .. }) = &mut self.popup
-            && action.is_none()
-        {
-            area.input(k);
-            return vec![];
+        if action.is_none() {
+            match &mut self.popup {
+                Some(Popup::Editor { area, .. }) => {
+                    area.input(k);
+                    return vec![];
+                }
+                Some(Popup::NewTask(form)) if !form.sending => {
+                    match form.field {
+                        // One line: Enter moves on to the prompt.
+                        NewTaskField::Repo if k.code == crossterm::event::KeyCode::Enter => {
+                            form.field = NewTaskField::Prompt;
+                        }
+                        NewTaskField::Repo => {
+                            form.repo.input(k);
+                        }
+                        NewTaskField::Prompt => {
+                            form.prompt.input(k);
+                        }
+                    }
+                    return vec![];
+                }
+                _ => {}
+            }
         }
         match action {
             Some(a) => self.update(a),
@@ -432,25 +523,20 @@ impl Model {
             Action::PageUp => self.move_by(-(self.page() as isize)),
             Action::SelectFirst => self.move_by(isize::MIN / 2),
             Action::SelectLast => self.move_by(isize::MAX / 2),
+            // Two places to be: the queue, or the right pane (which one is picked with its own
+            // key: Enter, l, d, Q).
             Action::FocusNext | Action::FocusPrev => {
-                let order = [
-                    None,
-                    Some(RightPane::Detail),
-                    Some(RightPane::Logs),
-                    Some(RightPane::Diff),
-                    Some(RightPane::Questions),
-                ];
-                let cur = if self.focus == Focus::Queue { None } else { Some(self.right) };
-                let i = order.iter().position(|p| *p == cur).unwrap_or(0);
-                let n = order.len();
-                let next = if action == Action::FocusNext { (i + 1) % n } else { (i + n - 1) % n };
-                match order[next] {
-                    None => {
-                        self.focus = Focus::Queue;
-                        vec![]
-                    }
-                    Some(p) => self.open(p),
+                if self.focus == Focus::Queue {
+                    let pane = self.right;
+                    self.open(pane)
+                } else {
+                    self.focus = Focus::Queue;
+                    vec![]
                 }
+            }
+            Action::FocusQueue => {
+                self.focus = Focus::Queue;
+                vec![]
             }
             Action::OpenDetail => self.open(RightPane::Detail),
             Action::OpenLogs => self.open(RightPane::Logs),
@@ -477,8 +563,16 @@ impl Model {
                 None => self.say("no task selected".into()),
             },
             Action::SubmitTask => {
-                let title = format!(" New task in {} (Ctrl-S submits, Esc cancels) ", self.cwd);
-                self.popup = Some(Popup::Editor { kind: EditorKind::Submit, area: editor(&title) });
+                let mut recent = vec![self.cwd.clone()];
+                for r in &self.rows {
+                    if recent.len() >= 6 {
+                        break;
+                    }
+                    if !recent.contains(&r.repo) {
+                        recent.push(r.repo.clone());
+                    }
+                }
+                self.popup = Some(Popup::NewTask(Box::new(NewTask::new(recent))));
                 vec![]
             }
             Action::AddTaskNote => match self.target() {
@@ -560,7 +654,11 @@ impl Model {
                     vec![Effect::Quit]
                 }
             }
-            Action::Send | Action::Confirm | Action::Dismiss => vec![],
+            Action::Send
+            | Action::Confirm
+            | Action::Dismiss
+            | Action::NextField
+            | Action::CycleRepo => vec![],
         }
     }
 
@@ -579,8 +677,10 @@ impl Model {
         if self.focus == Focus::Right {
             match self.right {
                 RightPane::Logs => {
-                    // Up means older lines: scroll away from the bottom and stop following.
-                    let max = self.log.lines.len();
+                    // Up means older lines: scroll away from the bottom and stop following. At
+                    // the top, the first page is still full.
+                    let visible = (self.height as usize).saturating_sub(5).max(1);
+                    let max = self.log.lines.len().saturating_sub(visible);
                     let s = (self.log.scroll as isize - delta).clamp(0, max as isize) as usize;
                     self.log.scroll = s;
                     self.log.follow = s == 0 && self.log.follow;
@@ -631,7 +731,59 @@ impl Model {
         }
     }
 
+    fn update_new_task(&mut self, action: Action) -> Vec<Effect> {
+        let Some(Popup::NewTask(form)) = &mut self.popup else { return vec![] };
+        match action {
+            Action::Dismiss => {
+                self.popup = None;
+                vec![]
+            }
+            _ if form.sending => vec![],
+            Action::NextField => {
+                form.field = match form.field {
+                    NewTaskField::Repo => NewTaskField::Prompt,
+                    NewTaskField::Prompt => NewTaskField::Repo,
+                };
+                vec![]
+            }
+            Action::CycleRepo => {
+                if !form.recent.is_empty() {
+                    form.recent_at = (form.recent_at + 1) % form.recent.len();
+                    form.repo = {
+                        let mut t = TextArea::from([form.recent[form.recent_at].clone()]);
+                        t.set_block(ratatui::widgets::Block::bordered().title(format!(
+                            " Repository {}/{} (Tab: prompt; Ctrl-R: a recent one) ",
+                            form.recent_at + 1,
+                            form.recent.len()
+                        )));
+                        t.move_cursor(ratatui_textarea::CursorMove::End);
+                        t
+                    };
+                }
+                vec![]
+            }
+            Action::Send => {
+                let prompt = form.prompt.lines().join("\n");
+                let repo = form.repo_text();
+                if repo.is_empty() {
+                    form.field = NewTaskField::Repo;
+                    return self.say("which repository? type its path (Tab moves to it)".into());
+                }
+                if prompt.trim().is_empty() {
+                    form.field = NewTaskField::Prompt;
+                    return self.say("nothing to submit: type the task, or Esc to cancel".into());
+                }
+                form.sending = true;
+                vec![Effect::Queue(Op::Submit { prompt, repo })]
+            }
+            _ => vec![],
+        }
+    }
+
     fn update_editor(&mut self, action: Action) -> Vec<Effect> {
+        if matches!(self.popup, Some(Popup::NewTask(_))) {
+            return self.update_new_task(action);
+        }
         match action {
             Action::Dismiss => {
                 self.popup = None;
@@ -647,9 +799,6 @@ impl Model {
                 match kind {
                     EditorKind::Answer(id) => vec![Effect::Queue(Op::Answer(id, text))],
                     EditorKind::Note(id) => vec![Effect::Queue(Op::Note(id, text))],
-                    EditorKind::Submit => {
-                        vec![Effect::Queue(Op::Submit { prompt: text, repo: self.cwd.clone() })]
-                    }
                     EditorKind::Search => {
                         self.search_log(text.trim());
                         vec![]

@@ -97,6 +97,7 @@ pub async fn run(opts: TuiOptions, shutdown: CancellationToken) -> std::io::Resu
     let fx = Effects {
         store: opts.store.clone(),
         home: opts.home.clone(),
+        cwd: opts.cwd.clone(),
         opencode: opts.opencode.clone(),
         tx: tx.clone(),
     };
@@ -167,6 +168,8 @@ pub async fn run(opts: TuiOptions, shutdown: CancellationToken) -> std::io::Resu
 struct Effects {
     store: Arc<Store>,
     home: Home,
+    /// Where the TUI started: the base of a relative repository path in the new-task dialog.
+    cwd: PathBuf,
     opencode: PathBuf,
     tx: mpsc::UnboundedSender<Msg>,
 }
@@ -248,14 +251,11 @@ impl Effects {
                 });
             }
             Effect::Queue(op) => {
-                let cwd = PathBuf::from(match &op {
-                    Op::Submit { repo, .. } => repo.clone(),
-                    _ => String::new(),
-                });
-                let opencode = self.opencode.clone();
+                let (cwd, opencode) = (self.cwd.clone(), self.opencode.clone());
+                let submit = matches!(op, Op::Submit { .. });
                 tokio::task::spawn_blocking(move || {
                     let r = apply(&store, &cwd, &opencode, op);
-                    send(Event::OpDone(r));
+                    send(if submit { Event::Submitted(r) } else { Event::OpDone(r) });
                 });
             }
         }
@@ -295,6 +295,11 @@ fn apply(
             store.add_note(TaskId(id), &text).map(|_| format!("task {id}: note added")).map_err(e)
         }
         Op::Submit { prompt, repo } => {
+            // `~/…` as a shell would read it.
+            let repo = match (repo.strip_prefix("~/"), std::env::var_os("HOME")) {
+                (Some(rest), Some(home)) => PathBuf::from(home).join(rest),
+                _ => PathBuf::from(repo),
+            };
             worker::submit(store, cwd, opencode, worker::SubmitRequest::new(prompt, repo))
                 .map(|(t, _, warnings)| match warnings.first() {
                     Some(w) => format!("task {} submitted; {w}", t.id.0),

@@ -34,11 +34,18 @@ pub fn human_duration(secs: f64) -> String {
     }
 }
 
+/// Time since the task was submitted, whatever its state.
 fn age(r: &TaskRow, now: f64) -> String {
+    human_duration(now - r.created_at)
+}
+
+/// How long it has run: so far for a running task, in all for a finished one; blank when it never
+/// started.
+fn ran(r: &TaskRow, now: f64) -> String {
     match (r.started_at, r.finished_at) {
         (Some(s), Some(f)) => human_duration(f - s),
         (Some(s), None) => human_duration(now - s),
-        _ => human_duration(now - r.created_at),
+        _ => String::new(),
     }
 }
 
@@ -57,11 +64,22 @@ pub fn draw(m: &Model, f: &mut Frame) {
         f.render_widget(Paragraph::new("TaskBridge: window too small"), area);
         return;
     }
-    let [header, body, footer] =
-        Layout::vertical([Constraint::Length(1), Constraint::Min(3), Constraint::Length(1)])
-            .areas(area);
+    // The header takes a second line when the MCP address (a public URL, a token file) does not
+    // fit beside the counts.
+    let header_lines =
+        if header_spans(m).iter().map(|s| s.width()).sum::<usize>() > area.width as usize {
+            2
+        } else {
+            1
+        };
+    let [header, body, footer] = Layout::vertical([
+        Constraint::Length(header_lines),
+        Constraint::Min(3),
+        Constraint::Length(1),
+    ])
+    .areas(area);
     draw_header(m, f, header);
-    let left_pct = if area.width >= 120 { 50 } else { 55 };
+    let left_pct = if area.width >= 120 { 50 } else { 60 };
     let [left, right] = Layout::horizontal([
         Constraint::Percentage(left_pct),
         Constraint::Percentage(100 - left_pct),
@@ -84,38 +102,91 @@ pub fn draw(m: &Model, f: &mut Frame) {
             f.render_widget(Clear, r);
             f.render_widget(&**textarea, r);
         }
+        Some(Popup::NewTask(form)) => draw_new_task(form, f, area),
     }
 }
 
-fn draw_header(m: &Model, f: &mut Frame, area: Rect) {
+fn draw_new_task(form: &crate::app::NewTask, f: &mut Frame, area: Rect) {
+    use crate::app::NewTaskField;
+    let r = centered(area, 80, 60);
+    f.render_widget(Clear, r);
+    let [repo, recent, prompt] =
+        Layout::vertical([Constraint::Length(3), Constraint::Length(1), Constraint::Min(3)])
+            .areas(r);
+    let focus = |on: bool| {
+        if on { Style::new().fg(Color::Cyan) } else { Style::new().fg(Color::DarkGray) }
+    };
+    let mut repo_area = form.repo.clone();
+    let mut prompt_area = form.prompt.clone();
+    let on_repo = form.field == NewTaskField::Repo;
+    if let Some(b) = repo_area.block().cloned() {
+        repo_area.set_block(b.border_style(focus(on_repo)));
+    }
+    if let Some(b) = prompt_area.block().cloned() {
+        prompt_area.set_block(b.border_style(focus(!on_repo)));
+    }
+    // Only the field being typed in shows a cursor.
+    let hidden = Style::new();
+    if on_repo {
+        prompt_area.set_cursor_style(hidden);
+    } else {
+        repo_area.set_cursor_style(hidden);
+    }
+    f.render_widget(&repo_area, repo);
+    let others: Vec<&str> = form.recent.iter().map(String::as_str).collect();
+    let line = if form.sending {
+        "submitting…".to_owned()
+    } else {
+        format!("recent: {}", others.join("  "))
+    };
+    f.render_widget(
+        Paragraph::new(truncate(&line, recent.width as usize))
+            .style(Style::new().fg(Color::DarkGray)),
+        recent,
+    );
+    f.render_widget(&prompt_area, prompt);
+}
+
+fn header_spans(m: &Model) -> Vec<Span<'static>> {
     let h = &m.header;
     let c = |k: &str| m.counts.get(k).copied().unwrap_or(0);
-    let worker = if h.worker_embedded {
-        format!("worker {} running", h.worker_running)
+    let here = if h.worker_embedded {
+        format!("this TUI's worker runs {}", h.worker_running)
     } else {
-        "no worker".into()
+        "no worker in this TUI".into()
     };
+    let workers =
+        format!("{} worker{} alive", m.workers_alive, if m.workers_alive == 1 { "" } else { "s" });
     let count = |k: &str, label: &str| {
         Span::styled(format!("{label} {} ", c(k)), Style::new().fg(status_color(k)))
     };
-    let spans = vec![
+    vec![
         Span::styled(
             " TaskBridge ",
             Style::new().add_modifier(Modifier::BOLD | Modifier::REVERSED),
         ),
-        Span::raw(format!(
-            " MCP {}{} │ {worker} │ alive {} │ ",
-            h.mcp,
-            if h.token_set { " (token)" } else { "" },
-            m.workers_alive
-        )),
+        Span::raw(" "),
         count("queued", "queued"),
         count("running", "run"),
         count("waiting", "wait"),
         count("done", "done"),
         count("failed", "fail"),
-    ];
-    f.render_widget(Paragraph::new(Line::from(spans)), area);
+        Span::raw(format!("│ {workers} ({here}) │ ")),
+        Span::raw(format!("MCP {}{}", h.mcp, if h.token_set { " (token)" } else { "" })),
+    ]
+}
+
+fn draw_header(m: &Model, f: &mut Frame, area: Rect) {
+    let mut spans = header_spans(m);
+    if area.height >= 2 {
+        // Counts and workers on the first line, the MCP address on its own.
+        let mcp = spans.pop().unwrap_or_default();
+        let first = Line::from(spans);
+        let second = Line::from(vec![Span::raw(" "), mcp]);
+        f.render_widget(Paragraph::new(vec![first, second]), area);
+    } else {
+        f.render_widget(Paragraph::new(Line::from(spans)), area);
+    }
 }
 
 fn pane_block(title: String, focused: bool) -> Block<'static> {
@@ -132,10 +203,23 @@ fn draw_queue(m: &Model, f: &mut Frame, area: Rect) {
     let inner = block.inner(area);
     f.render_widget(block, area);
     if m.rows.is_empty() {
-        let hint = format!(
-            "No tasks. Press {} to submit one, or submit from Claude.",
-            m.keymap.first_key(Mode::Normal, crate::action::Action::SubmitTask).unwrap_or_default()
-        );
+        let total: i64 = m.counts.values().sum();
+        let hint = if m.filter.is_some() && total > 0 {
+            format!(
+                "No {} tasks ({total} in all). Press {} to change the filter.",
+                filter_name(m.filter),
+                m.keymap
+                    .first_key(Mode::Normal, crate::action::Action::CycleFilter)
+                    .unwrap_or_default()
+            )
+        } else {
+            format!(
+                "No tasks. Press {} to submit one, or submit from Claude.",
+                m.keymap
+                    .first_key(Mode::Normal, crate::action::Action::SubmitTask)
+                    .unwrap_or_default()
+            )
+        };
         f.render_widget(
             Paragraph::new(hint).style(Style::new().fg(Color::DarkGray)).wrap(Wrap { trim: true }),
             inner,
@@ -144,7 +228,10 @@ fn draw_queue(m: &Model, f: &mut Frame, area: Rect) {
     }
     let visible = inner.height.saturating_sub(1) as usize;
     let offset = if m.selected < visible { 0 } else { m.selected + 1 - visible };
-    let wide = inner.width >= 70;
+    let wide = inner.width >= 78;
+    // What is left for the title once the fixed columns (and their spacing) are laid out.
+    let fixed = 5 + 9 + 4 + 5 + 4 + 4 + 6 + if wide { 12 + 9 + 2 } else { 0 };
+    let title_width = (inner.width as usize).saturating_sub(fixed).max(10);
     let rows: Vec<Row> = m.rows[offset..(offset + visible).min(m.rows.len())]
         .iter()
         .enumerate()
@@ -156,7 +243,8 @@ fn draw_queue(m: &Model, f: &mut Frame, area: Rect) {
                 Cell::from(r.priority.to_string()),
                 Cell::from(format!("{}/{}", r.attempts, r.max_attempts)),
                 Cell::from(age(r, m.now)),
-                Cell::from(r.title.clone()),
+                Cell::from(ran(r, m.now)),
+                Cell::from(truncate(&r.title, title_width)),
             ];
             if wide {
                 let repo = std::path::Path::new(&r.repo)
@@ -188,10 +276,11 @@ fn draw_queue(m: &Model, f: &mut Frame, area: Rect) {
         Constraint::Length(9),
         Constraint::Length(4),
         Constraint::Length(5),
-        Constraint::Length(5),
+        Constraint::Length(4),
+        Constraint::Length(4),
         Constraint::Min(10),
     ];
-    let mut header = vec!["ID", "STATE", "PRI", "TRY", "AGE", "TITLE"];
+    let mut header = vec!["ID", "STATE", "PRI", "TRY", "AGE", "RAN", "TITLE"];
     if wide {
         widths.extend([Constraint::Length(12), Constraint::Length(9)]);
         header.extend(["REPO", "WAITS"]);
@@ -239,7 +328,10 @@ fn draw_detail(m: &Model, f: &mut Frame, area: Rect) {
         lines.push(Line::from(format!("A: {}", q.answer.as_deref().unwrap_or(""))));
     }
     if let Some(e) = &t.error {
-        section(&mut lines, "Error");
+        // A task that is running again after a failed attempt still carries that attempt's
+        // error; it is history, not the task's state.
+        let title = if t.status.is_terminal() { "Error" } else { "Previous attempt failed" };
+        section(&mut lines, title);
         lines.push(Line::styled(e.clone(), Style::new().fg(Color::Red)));
     }
     if let Some(r) =
@@ -323,7 +415,8 @@ fn draw_logs(m: &Model, f: &mut Frame, area: Rect) {
     f.render_widget(block, area);
     let h = inner.height as usize;
     let n = log.lines.len();
-    let end = n.saturating_sub(log.scroll);
+    // Scrolled to the top, the first page is still a full page.
+    let end = n.saturating_sub(log.scroll).max(h.min(n));
     let start = end.saturating_sub(h);
     let lines: Vec<Line> = (start..end)
         .map(|i| {
@@ -362,7 +455,10 @@ pub fn diff_style(kind: LineKind) -> Style {
 
 fn draw_diff(m: &Model, f: &mut Frame, area: Rect) {
     let d = &m.diff;
+    let finished =
+        m.rows.iter().find(|r| Some(r.id.0) == d.id).is_some_and(|r| r.status.is_terminal());
     let title = match d.id {
+        Some(id) if d.lines.is_empty() && finished => format!(" Diff #{id}: no changes "),
         Some(id) if d.lines.is_empty() => format!(" Diff #{id}: no changes yet "),
         Some(id) => format!(" Diff #{id} ({} lines) ", d.lines.len()),
         None => " Diff ".into(),
@@ -437,7 +533,15 @@ fn draw_footer(m: &Model, f: &mut Frame, area: Rect) {
         return;
     }
     use crate::action::Action::*;
-    let hints: Vec<String> = [
+    let hint = |a: &crate::action::Action| {
+        m.keymap.first_key(Mode::Normal, *a).map(|k| format!("{k} {}", a.hint()))
+    };
+    // Help and quit always show; the others fill what width is left, in order.
+    let always: Vec<String> = [ToggleHelp, Quit].iter().filter_map(hint).collect();
+    let always = always.join("  ");
+    let budget = (area.width as usize).saturating_sub(always.chars().count() + 2);
+    let mut shown = String::new();
+    for h in [
         FocusNext,
         OpenDetail,
         OpenLogs,
@@ -448,13 +552,18 @@ fn draw_footer(m: &Model, f: &mut Frame, area: Rect) {
         RetryTask,
         AddTaskNote,
         CycleFilter,
-        ToggleHelp,
-        Quit,
     ]
     .iter()
-    .filter_map(|a| m.keymap.first_key(Mode::Normal, *a).map(|k| format!("{k} {}", a.hint())))
-    .collect();
-    f.render_widget(Paragraph::new(hints.join("  ")).style(Style::new().fg(Color::DarkGray)), area);
+    .filter_map(hint)
+    {
+        if shown.chars().count() + h.chars().count() + 2 > budget {
+            break;
+        }
+        shown.push_str(&h);
+        shown.push_str("  ");
+    }
+    shown.push_str(&always);
+    f.render_widget(Paragraph::new(shown).style(Style::new().fg(Color::DarkGray)), area);
 }
 
 fn draw_help(m: &Model, f: &mut Frame, area: Rect) {

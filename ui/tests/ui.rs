@@ -105,14 +105,19 @@ fn moving_and_switching_panes() {
     assert_eq!((m.focus, m.right), (Focus::Right, RightPane::Logs));
     assert_eq!(ch(&mut m, 'd'), vec![Effect::LoadDiff(5)]);
     assert_eq!(m.right, RightPane::Diff);
+    // Tab goes between the queue and the right pane, which keeps the pane it shows.
     key(&mut m, KeyCode::Tab);
-    assert_eq!(m.right, RightPane::Questions);
+    assert_eq!((m.focus, m.right), (Focus::Queue, RightPane::Diff));
     key(&mut m, KeyCode::Tab);
-    assert_eq!(m.focus, Focus::Queue);
+    assert_eq!((m.focus, m.right), (Focus::Right, RightPane::Diff));
     m.handle(Event::Key(KeyEvent::new(KeyCode::BackTab, KeyModifiers::SHIFT)));
-    assert_eq!((m.focus, m.right), (Focus::Right, RightPane::Questions));
+    assert_eq!(m.focus, Focus::Queue);
     key(&mut m, KeyCode::Enter);
-    assert_eq!(m.right, RightPane::Detail);
+    assert_eq!((m.focus, m.right), (Focus::Right, RightPane::Detail));
+    // Esc from a right-hand pane is back to the queue.
+    ch(&mut m, 'l');
+    key(&mut m, KeyCode::Esc);
+    assert_eq!((m.focus, m.right), (Focus::Queue, RightPane::Logs));
 }
 
 #[test]
@@ -186,6 +191,8 @@ fn retry_priority_note_submit_and_filter() {
             repo: "/home/me/src/app".into()
         })]
     );
+    m.handle(Event::Submitted(Ok("task 6 submitted".into())));
+    assert!(m.popup.is_none());
     assert_eq!(ch(&mut m, 'f'), vec![Effect::Reload]);
     assert_eq!(taskbridge_ui::app::filter_name(m.filter), "queued");
 }
@@ -231,6 +238,104 @@ fn the_log_keeps_a_bounded_ring_and_follows() {
     typed(&mut m, "line 11990");
     ctrl(&mut m, 's');
     assert_eq!(m.log.scroll, 9);
+}
+
+#[test]
+fn the_new_task_dialog_asks_for_the_repository_and_keeps_the_text_when_it_is_refused() {
+    let mut other = row(7, TaskStatus::Done, "Elsewhere");
+    other.repo = "/home/me/src/lib".into();
+    let mut m = model(vec![other, row(6, TaskStatus::Done, "Here")]);
+    ch(&mut m, 'n');
+    let Some(Popup::NewTask(form)) = &m.popup else { panic!("no new-task dialog") };
+    assert_eq!(form.repo_text(), "/home/me/src/app", "the TUI's directory by default");
+    assert_eq!(form.recent, ["/home/me/src/app", "/home/me/src/lib"]);
+    typed(&mut m, "Add a health endpoint");
+    // Ctrl-R offers the next recent repository; Tab moves to the field to edit it by hand.
+    ctrl(&mut m, 'r');
+    let fx = ctrl(&mut m, 's');
+    let op = Op::Submit { prompt: "Add a health endpoint".into(), repo: "/home/me/src/lib".into() };
+    assert_eq!(fx, vec![Effect::Queue(op)]);
+    // Refused (not a repository): the dialog stays, with what was typed, and says why.
+    m.handle(Event::Submitted(Err("'/home/me/src/lib' is not inside a git repository".into())));
+    let Some(Popup::NewTask(form)) = &m.popup else { panic!("the dialog closed") };
+    assert_eq!(form.prompt.lines(), ["Add a health endpoint"]);
+    assert!(m.message.as_deref().unwrap().contains("not inside a git repository"));
+    key(&mut m, KeyCode::Tab);
+    for _ in 0.."/home/me/src/lib".len() {
+        key(&mut m, KeyCode::Backspace);
+    }
+    typed(&mut m, "../api");
+    let fx = ctrl(&mut m, 's');
+    let op = Op::Submit { prompt: "Add a health endpoint".into(), repo: "../api".into() };
+    assert_eq!(fx, vec![Effect::Queue(op)]);
+    m.handle(Event::Submitted(Ok("task 8 submitted".into())));
+    assert!(m.popup.is_none());
+}
+
+#[test]
+fn home_in_the_log_shows_a_full_first_page() {
+    let mut m = busy();
+    m.handle(Event::Resize { height: 24 });
+    ch(&mut m, 'l');
+    let text: String = (0..100).map(|i| format!("line {i}\n")).collect();
+    m.handle(Event::LogLoaded { id: 5, text, next_offset: 500, from_tail: false });
+    ch(&mut m, 'g');
+    let screen = format!("{:?}", render(&m, 100, 24).backend());
+    assert!(screen.contains("line 0 ") && screen.contains("line 10 "), "{screen}");
+}
+
+fn screen_text(m: &Model, w: u16, h: u16) -> String {
+    let t = render(m, w, h);
+    let buf = t.backend().buffer();
+    (0..h)
+        .map(|y| (0..w).map(|x| buf[(x, y)].symbol().to_owned()).collect::<String>())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn at_100_columns_the_counts_and_quit_stay_on_screen_and_titles_end_in_an_ellipsis() {
+    let mut rows = busy().rows.clone();
+    rows[1].title = "Add a cache layer to the API and make every endpoint use it by default".into();
+    let m = model(rows);
+    let text = screen_text(&m, 100, 24);
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines[0].contains("fail 1"), "header: {}", lines[0]);
+    assert!(lines[0].contains("1 worker alive (this TUI's worker runs 1)"), "{}", lines[0]);
+    assert!(lines[23].contains("q quit") && lines[23].contains("? help"), "footer: {}", lines[23]);
+    assert!(text.contains("Add a cache layer to"), "{text}");
+    assert!(text.contains('…'), "a cut title ends in an ellipsis: {text}");
+    // AGE is the time since submit for every task; RAN how long it ran.
+    let running = lines.iter().find(|l| l.contains("running")).unwrap();
+    assert!(running.contains("10m") && running.contains("2m"), "{running}");
+}
+
+#[test]
+fn an_empty_filter_says_so_and_how_to_change_it() {
+    let mut m = busy();
+    ch(&mut m, 'f');
+    m.handle(Event::Loaded { rows: vec![], counts: m.counts.clone(), workers_alive: 1 });
+    let text = screen_text(&m, 100, 24);
+    assert!(text.contains("No queued tasks (5 in all). Press f"), "{text}");
+    assert!(!text.contains("Press n to submit"), "{text}");
+}
+
+#[test]
+fn a_retried_running_task_shows_the_old_error_as_history_and_a_failed_diff_has_no_changes() {
+    let mut m = busy();
+    ch(&mut m, 'j');
+    let mut t = queue_task(4);
+    t.status = TaskStatus::Running;
+    t.display_status = "running".into();
+    t.error = Some("opencode exited with status 1".into());
+    m.handle(Event::DetailLoaded(Box::new(t)));
+    let text = screen_text(&m, 120, 40);
+    assert!(text.contains("Previous attempt failed") && !text.contains("Error "), "{text}");
+    ch(&mut m, 'G');
+    ch(&mut m, 'd');
+    m.handle(Event::DiffLoaded { id: 1, text: String::new() });
+    let text = screen_text(&m, 120, 40);
+    assert!(text.contains("Diff #1: no changes ") && !text.contains("no changes yet"), "{text}");
 }
 
 // ---- screens -------------------------------------------------------------------------------
