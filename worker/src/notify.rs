@@ -81,23 +81,39 @@ pub fn install_tls() {
     });
 }
 
-/// Sends `event` everywhere `cfg` says, in the background. Must be called on a tokio runtime
-/// when a webhook is set.
-pub fn send(cfg: &NotifyConfig, event: Event) {
-    if cfg.desktop && event.event == "waiting" {
-        desktop(&event.headline(), &event.body());
+/// Sends notifications in the background and keeps track of the webhook requests in flight, so
+/// a worker that stops (`--once`, a shutdown) can give them a moment to arrive.
+#[derive(Debug, Default)]
+pub struct Notifier {
+    cfg: NotifyConfig,
+    in_flight: tokio_util::task::TaskTracker,
+}
+
+impl Notifier {
+    pub fn new(cfg: NotifyConfig) -> Notifier {
+        Notifier { cfg, in_flight: tokio_util::task::TaskTracker::new() }
     }
-    if let Some(url) = cfg.webhook.clone() {
-        let timeout = cfg.webhook_timeout;
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            tracing::warn!("no runtime to send the webhook on");
-            return;
-        };
-        rt.spawn(async move {
-            if let Err(e) = post(&url, &event, timeout).await {
-                tracing::warn!(task = event.task_id, error = %e, "the notification webhook failed");
-            }
-        });
+
+    /// Sends `event` everywhere the configuration says. Never waits for the webhook. Must be
+    /// called on a tokio runtime when a webhook is set.
+    pub fn send(&self, event: Event) {
+        if self.cfg.desktop && event.event == "waiting" {
+            desktop(&event.headline(), &event.body());
+        }
+        if let Some(url) = self.cfg.webhook.clone() {
+            let timeout = self.cfg.webhook_timeout;
+            self.in_flight.spawn(async move {
+                if let Err(e) = post(&url, &event, timeout).await {
+                    tracing::warn!(task = event.task_id, error = %e, "the notification webhook failed");
+                }
+            });
+        }
+    }
+
+    /// Waits up to `grace` for webhook requests still in flight.
+    pub async fn flush(&self, grace: Duration) {
+        self.in_flight.close();
+        let _ = tokio::time::timeout(grace, self.in_flight.wait()).await;
     }
 }
 

@@ -105,6 +105,7 @@ pub struct Worker {
     host: String,
     wake: Arc<Notify>,
     running: AtomicUsize,
+    notifier: notify::Notifier,
 }
 
 pub fn hostname() -> String {
@@ -121,7 +122,17 @@ impl Worker {
         store.on_change(move || w.notify_one());
         let host = hostname();
         let id = format!("{host}:{}:{}", std::process::id(), fastrand::u32(..) % 100_000);
-        Arc::new(Worker { store, home, cfg, id, host, wake, running: AtomicUsize::new(0) })
+        let notifier = notify::Notifier::new(cfg.notify.clone());
+        Arc::new(Worker {
+            store,
+            home,
+            cfg,
+            id,
+            host,
+            wake,
+            running: AtomicUsize::new(0),
+            notifier,
+        })
     }
 
     pub fn id(&self) -> &str {
@@ -230,6 +241,9 @@ impl Worker {
         housekeeping.abort();
         let id = self.id.clone();
         let _ = self.blocking(move |s| s.worker_stopped(&id)).await;
+        // The last tasks' webhooks get a moment to arrive, bounded so a hung one cannot keep
+        // the process alive.
+        self.notifier.flush(self.cfg.notify.webhook_timeout.min(Duration::from_secs(5))).await;
         tracing::info!(worker = %self.id, "worker stopped");
         Ok(())
     }
@@ -336,7 +350,7 @@ impl Worker {
             Ok(t) => {
                 log.line(&format!("{summary}; task is {}", t.status));
                 if let Some(event) = notify::Event::for_task(&t) {
-                    notify::send(&self.cfg.notify, event);
+                    self.notifier.send(event);
                 }
             }
             Err(Error::Queue(queue::Error::StaleLease { .. })) => {
