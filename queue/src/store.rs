@@ -36,8 +36,9 @@ const TASK_COLUMNS: &str = "id, title, prompt, repo, base, priority, model, agen
     branch, worktree, created_at, started_at, finished_at, updated_at, not_before";
 
 /// Short, fixed sleeps between retries keep several writer processes fair; SQLite's default
-/// handler backs off to 100 ms sleeps, and a process deep in back-off starves
-/// (queue-and-process-facts.md §2 and §5). Transactions here are short, so the first two seconds
+/// handler backs off to 100 ms sleeps, and a process deep in back-off starves while the others
+/// take the lock between its sleeps (measured with four claiming processes: the starved one got
+/// a few percent of the claims). Transactions here are short, so the first two seconds
 /// retry every 100 µs (the lock is not left idle while its waiters sleep); then every
 /// millisecond, about 30 s in all.
 fn busy_handler(attempt: i32) -> bool {

@@ -1,7 +1,7 @@
 //! Noticing commits made by other processes.
 //!
 //! The database is the only channel between TaskBridge processes, so a worker must learn quickly
-//! that another process submitted a task. Two layers (queue-and-process-facts.md §6): on Linux an
+//! that another process submitted a task. Two layers: on Linux an
 //! inotify watch on the database's directory fires when the `-wal` file is written, typically
 //! well under a millisecond after the commit; and a `PRAGMA data_version` poll on a connection of
 //! its own catches anything the edge signal missed (and is the only layer elsewhere).

@@ -1,6 +1,8 @@
 //! A loopback mock of the Anthropic Messages API that streams scripted turns, enough for the real
-//! OpenCode CLI (and Claude Code) to accept it (agent-clis.md §4). It records every request so a
-//! test can check what the agent sent, and the usage it reported so a test can check the sums.
+//! OpenCode CLI (and Claude Code) to accept it: `message_start`, each content block's start,
+//! deltas and stop, `message_delta` with the usage, then `message_stop`, as the real API streams
+//! them. It records every request so a test can check what the agent sent, and the usage it
+//! reported so a test can check the sums.
 
 use axum::body::Bytes;
 use axum::extract::State;

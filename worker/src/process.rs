@@ -153,7 +153,8 @@ pub async fn run_agent(
     let mut child = Command::new(&cmd.program)
         .args(&cmd.args)
         .current_dir(&cmd.cwd)
-        // OpenCode takes its project directory from PWD, not from the real cwd (agent-clis.md §5).
+        // OpenCode takes its project directory from PWD, not from the real cwd: without this it
+        // would work in the worker's directory instead of the task's worktree.
         .env("PWD", &cmd.cwd)
         .envs(cmd.env.iter().map(|(k, v)| (k, v)))
         .process_group(0)

@@ -557,8 +557,9 @@ impl Worker {
                     return Ok(Some(Outcome::FailedPermanently { error, result: None }));
                 }
             };
-            // Several first runs under a fresh OpenCode home race on its database migration
-            // (agent-clis.md §5); such a run did no work and is simply run again.
+            // Several first runs under a fresh OpenCode home race on its database migration (one
+            // of them exits with "Failed query" before any event); such a run did no work and is
+            // simply run again.
             let migration_race = exit.stopped.is_none()
                 && exit.exit_code != Some(0)
                 && exit.run.events == 0
@@ -801,7 +802,8 @@ pub fn with_bridge(inherited: Option<&str>, command: &[String]) -> String {
 }
 
 /// OpenCode's permission rules for the task's flags. Nothing may resolve to "ask": headless
-/// OpenCode would reject it and stop (agent-clis.md §1.6).
+/// `opencode run` auto-rejects an "ask" and ends the agent's turn (exit 0), so a rule that asks
+/// would silently stop the task.
 pub fn permission_json(task: &Task) -> String {
     let mut p = serde_json::Map::new();
     p.insert("external_directory".into(), "deny".into());
