@@ -85,6 +85,113 @@ fn main() {
     stop.cancel();
     let _ = rt.block_on(handle);
     report("in_process", lat);
+
+    recovery(dir.path(), if full { 20 } else { 3 });
+}
+
+/// kill -9 of `taskbridge serve` while its agent runs, then a new `serve`: the time from the new
+/// server's start until the orphaned agent is dead and the task has left the dead worker.
+fn recovery(dir: &Path, n: usize) {
+    let pgid_file = dir.join("agent.pgid");
+    let agent = dir.join("sleepy-agent.sh");
+    std::fs::write(
+        &agent,
+        format!(
+            "#!/bin/sh
+ps -o pgid= $$ | tr -d ' ' > '{}'
+exec sleep 600
+",
+            pgid_file.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let serve = |home: &Path| {
+        Command::new(env!("CARGO_BIN_EXE_taskbridge"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--concurrency", "1"])
+            .env("TASKBRIDGE_HOME", home)
+            .env("TASKBRIDGE_OPENCODE", &agent)
+            .env("TASKBRIDGE_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    // A killed orphan stays a zombie until PID 1 reaps it, which in a container can take
+    // seconds; a zombie runs nothing, so only live members of the group count.
+    let alive = |pgid: i32| {
+        std::fs::read_dir("/proc").into_iter().flatten().flatten().any(|e| {
+            let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else { return false };
+            let Some(close) = stat.rfind(')') else { return false };
+            let mut f = stat[close + 2..].split_whitespace();
+            let state = f.next();
+            f.nth(1).and_then(|g| g.parse::<i32>().ok()) == Some(pgid) && state != Some("Z")
+        })
+    };
+    let mut lat = Vec::with_capacity(n);
+    for i in 0..n {
+        // A repository and a home per round: task ids (and so branch names) start again at 1.
+        let repo = &dir.join(format!("recovery-repo-{i}"));
+        std::fs::create_dir(repo).unwrap();
+        git(repo, &["init", "-q", "-b", "main"]);
+        std::fs::write(repo.join("a.txt"), "a\n").unwrap();
+        git(repo, &["add", "."]);
+        git(repo, &["commit", "-qm", "init"]);
+        let home = queue::Home::resolve(Some(dir.join(format!("recovery-{i}")))).unwrap();
+        home.ensure().unwrap();
+        let store = queue::Store::open(home.db_path()).unwrap();
+        let _ = std::fs::remove_file(&pgid_file);
+        let req = worker::SubmitRequest::new("sleep", repo);
+        let (task, _, _) = worker::submit(&store, repo, Path::new("opencode"), req).unwrap();
+        let mut first = serve(home.root());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let pgid: i32 = loop {
+            if let Some(p) =
+                std::fs::read_to_string(&pgid_file).ok().and_then(|s| s.trim().parse().ok())
+            {
+                break p;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the agent never started: {}",
+                std::fs::read_to_string(home.logs_dir().join(format!("{}.log", task.id.0)))
+                    .unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        let dead_worker = store.get(task.id).unwrap().worker;
+        first.kill().unwrap();
+        first.wait().unwrap();
+        let t0 = Instant::now();
+        let mut second = serve(home.root());
+        loop {
+            let moved = store.get(task.id).unwrap().worker != dead_worker;
+            if moved && !alive(pgid) {
+                break;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(60), "never recovered");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        lat.push(t0.elapsed().as_secs_f64() * 1e3);
+        let _ = second.kill();
+        let _ = second.wait();
+        // The second server's own agent for the task.
+        if let Some(p) =
+            std::fs::read_to_string(&pgid_file).ok().and_then(|s| s.trim().parse::<i32>().ok())
+        {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(p),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+    lat.sort_by(f64::total_cmp);
+    println!(
+        "bench=worker.recovery.serve_kill9 n={} p50_ms={:.1} max_ms={:.1}",
+        lat.len(),
+        lat[lat.len() / 2],
+        lat[lat.len() - 1]
+    );
 }
 
 fn measure(store: &queue::Store, repo: &Path, agent_log: &Path, n: usize) -> Vec<f64> {

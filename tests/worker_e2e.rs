@@ -332,7 +332,7 @@ fn start_server(env: &Env) -> Child {
 }
 
 #[test]
-fn kill_9_of_the_server_mid_task_settles_within_a_second_of_the_restart() {
+fn kill_9_of_the_server_mid_task_is_recovered_by_the_restarted_server_with_nothing_lost() {
     let env = Env::new();
     let mock = MockAnthropic::spawn(vec![
         sleeper("pgid.txt"),
@@ -347,15 +347,14 @@ fn kill_9_of_the_server_mid_task_settles_within_a_second_of_the_restart() {
     server.0.wait().unwrap();
     assert!(group_alive(pgid), "the agent outlived its server: an orphan");
 
-    let restarted = std::time::Instant::now();
     let _server = start_server(&env);
     // Settled: the orphan is gone and the task left the dead worker (requeued, or already
-    // claimed again by the new one).
-    let settled = eventually(Duration::from_secs(1), || {
+    // claimed again by the new one). How fast is measured by `benches/pickup.rs` (recovery);
+    // here the deadline is only there so a broken recovery fails instead of hanging.
+    let settled = eventually(Duration::from_secs(30), || {
         !group_alive(pgid) && env.show(id)["worker"].as_str() != Some(dead_worker.as_str())
     });
-    assert!(settled, "not settled 1 s after the restart: {:#}", env.show(id));
-    eprintln!("settled {:?} after the restart", restarted.elapsed());
+    assert!(settled, "not settled after the restart: {:#}", env.show(id));
     let store = queue::Store::open(env.home.join("taskbridge.db")).unwrap();
     assert_eq!(store.integrity_check().unwrap(), "ok");
 
