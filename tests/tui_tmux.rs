@@ -15,8 +15,15 @@ struct Tmux {
 }
 
 impl Tmux {
+    /// A tmux of the test's own: its own socket, and no user configuration (`-f /dev/null`), so
+    /// key bindings and options on the machine change nothing.
     fn cmd(&self, args: &[&str]) -> std::process::Output {
-        Command::new("tmux").arg("-L").arg(&self.socket).args(args).output().unwrap()
+        Command::new("tmux")
+            .args(["-f", "/dev/null", "-L"])
+            .arg(&self.socket)
+            .args(args)
+            .output()
+            .unwrap()
     }
     fn screen(&self) -> String {
         String::from_utf8_lossy(&self.cmd(&["capture-pane", "-p", "-t", "tb"]).stdout).into_owned()
@@ -154,6 +161,24 @@ fn a_port_in_use_is_shown_in_the_header_and_the_tui_still_runs() {
     drop(taken);
 }
 
+/// The port the newest TUI's MCP server bound (it picks one itself, `--listen 127.0.0.1:0`), from
+/// its log; `not` is an earlier TUI's.
+fn tui_port(env: &Env, not: Option<u16>) -> u16 {
+    let log = env.home.join("logs/taskbridge.log");
+    let mut port = None;
+    assert!(eventually(Duration::from_secs(10), || {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        port = text
+            .lines()
+            .rev()
+            .filter_map(|l| l.split("MCP over HTTP at http://127.0.0.1:").nth(1))
+            .find_map(|rest| rest.split('/').next()?.parse::<u16>().ok())
+            .filter(|p| Some(*p) != not);
+        port.is_some()
+    }));
+    port.unwrap()
+}
+
 #[test]
 fn public_mode_in_the_tui_shows_the_url_guards_it_and_reports_a_dead_tunnel() {
     let env = Env::new();
@@ -164,10 +189,10 @@ fn public_mode_in_the_tui_shows_the_url_guards_it_and_reports_a_dead_tunnel() {
     let host = "four-dashed-word-url.trycloudflare.com";
 
     // Quitting the TUI stops the tunnel.
-    let p = port();
-    let args = format!("--public cloudflare --no-worker --listen 127.0.0.1:{p}");
-    let tmux = start_tui_with(&env, &args, 200, &[("TASKBRIDGE_CLOUDFLARED", fake)]);
+    let args = "--public cloudflare --no-worker --listen 127.0.0.1:0";
+    let tmux = start_tui_with(&env, args, 200, &[("TASKBRIDGE_CLOUDFLARED", fake)]);
     let screen = tmux.wait_for(&format!("https://{host}/mcp (public"));
+    let p = tui_port(&env, None);
     assert!(screen.contains("public-token"), "{screen}");
     let token = std::fs::read_to_string(env.home.join("public-token")).unwrap();
     let token = token.trim();
@@ -185,10 +210,10 @@ fn public_mode_in_the_tui_shows_the_url_guards_it_and_reports_a_dead_tunnel() {
 
     // A tunnel that dies takes the public URL with it, and the header says so.
     std::fs::remove_file(tools.join("tunnel.pid")).unwrap();
-    let p = port();
-    let args = format!("--public cloudflare --no-worker --listen 127.0.0.1:{p}");
-    let tmux = start_tui_with(&env, &args, 201, &[("TASKBRIDGE_CLOUDFLARED", fake)]);
+    let args = "--public cloudflare --no-worker --listen 127.0.0.1:0";
+    let tmux = start_tui_with(&env, args, 201, &[("TASKBRIDGE_CLOUDFLARED", fake)]);
     tmux.wait_for("(public");
+    let p = tui_port(&env, Some(p));
     let tunnel = read_pid(&tools.join("tunnel.pid"));
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(tunnel), nix::sys::signal::Signal::SIGKILL)
         .unwrap();

@@ -104,6 +104,11 @@ impl TaskBridge {
         self.inner.changes.subscribe()
     }
 
+    /// `wait_for` calls in progress (each holds a subscription to the queue's changes).
+    pub fn waiting_calls(&self) -> usize {
+        self.inner.changes.receiver_count()
+    }
+
     pub(crate) fn check_repo_allowed(&self, repo: &Path) -> Result<(), String> {
         let Some(roots) = self.inner.repo_roots.get() else { return Ok(()) };
         let real = repo.canonicalize().unwrap_or_else(|_| repo.to_path_buf());
@@ -303,6 +308,17 @@ impl ServerHandler for TaskBridge {
     ) -> Result<rmcp::model::CallToolResponse, ErrorData> {
         if let Some((_, current)) = TOOL_ALIASES.iter().find(|(old, _)| *old == request.name) {
             request.name = (*current).into();
+        }
+        if ROUTER.get(&request.name).is_none() {
+            return Err(ErrorData::invalid_params(
+                format!(
+                    "unknown tool '{}'; tools/list lists the {} tools (submit_task, wait_for, \
+                     get_task_result, ...)",
+                    request.name,
+                    ROUTER.list_all().len()
+                ),
+                None,
+            ));
         }
         let tcc = rmcp::handler::server::tool::ToolCallContext::new(self, request, context);
         ROUTER.call(tcc).await

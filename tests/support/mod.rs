@@ -347,16 +347,20 @@ pub fn pid_alive(pid: i32) -> bool {
 /// running in parallel never race for a number; returns the child (killed when dropped) and the
 /// port it printed.
 pub fn start_serve(env: &Env, extra: &[&str]) -> (Child, u16) {
-    start_http(env.cmd().args(["serve", "--listen", "127.0.0.1:0"]).args(extra))
+    let (child, port, _stdout) =
+        start_http(env.cmd().args(["serve", "--listen", "127.0.0.1:0"]).args(extra));
+    (child, port)
 }
 
-/// Starts an HTTP server command that prints `… at http://ADDR/mcp` on stderr, and waits for
-/// that line. The rest of stderr is drained in the background so the server never blocks on it.
-pub fn start_http(cmd: &mut Command) -> (Child, u16) {
+/// Starts an HTTP server command that prints `… at http://127.0.0.1:PORT/mcp` on stderr, and
+/// waits for that line. Both pipes are drained in the background so the server never blocks on
+/// them; stdout's lines arrive on the returned channel.
+pub fn start_http(cmd: &mut Command) -> (Child, u16, std::sync::mpsc::Receiver<String>) {
     use std::io::BufRead;
     let mut child =
-        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     let stderr = child.stderr.take().unwrap();
+    let stdout = child.stdout.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let mut tx = Some(tx);
@@ -369,7 +373,13 @@ pub fn start_http(cmd: &mut Command) -> (Child, u16) {
             }
         }
     });
+    let (out_tx, out_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = out_tx.send(line);
+        }
+    });
     let child = Child(child);
     let port = rx.recv_timeout(Duration::from_secs(30)).expect("the server printed its URL");
-    (child, port)
+    (child, port, out_rx)
 }

@@ -17,6 +17,7 @@ pub struct World {
     pub home: Home,
     pub store: Arc<Store>,
     pub client: RunningService<RoleClient, ()>,
+    pub server: TaskBridge,
 }
 
 pub fn git(dir: &Path, args: &[&str]) {
@@ -54,12 +55,13 @@ pub async fn world() -> World {
         worker::WorkerConfig::default(),
     );
     let (server_io, client_io) = tokio::io::duplex(1 << 20);
+    let handle = server.clone();
     tokio::spawn(async move {
         let running = server.serve(server_io).await.unwrap();
         let _ = running.waiting().await;
     });
     let client = ().serve(client_io).await.unwrap();
-    World { repo: repo.canonicalize().unwrap(), _dir: dir, home, store, client }
+    World { repo: repo.canonicalize().unwrap(), _dir: dir, home, store, client, server: handle }
 }
 
 impl World {
