@@ -23,6 +23,8 @@ pub enum Turn {
     Error { status: u16, kind: String, message: String },
     /// Never answers (until the connection is dropped): a model that takes forever.
     Hang,
+    /// The inner turn, after a delay: a model that answers late.
+    Slow { after_ms: u64, turn: Box<Turn> },
 }
 
 impl Turn {
@@ -88,6 +90,13 @@ async fn messages(State(m): State<MockAnthropic>, headers: HeaderMap, body: Byte
     if matches!(turn, Turn::Hang) {
         tokio::time::sleep(std::time::Duration::from_secs(3600)).await;
     }
+    let turn = match turn {
+        Turn::Slow { after_ms, turn } => {
+            tokio::time::sleep(std::time::Duration::from_millis(after_ms)).await;
+            *turn
+        }
+        other => other,
+    };
     if let Turn::Error { status, kind, message } = &turn {
         let body = json!({"type": "error", "error": {"type": kind, "message": message}, "request_id": "req_mock"});
         let status = StatusCode::from_u16(*status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -119,7 +128,7 @@ async fn messages(State(m): State<MockAnthropic>, headers: HeaderMap, body: Byte
                 json!([{"type": "tool_use", "id": format!("toolu_mock{n}"), "name": name, "input": input}]),
                 "tool_use",
             ),
-            Turn::Error { .. } | Turn::Hang => unreachable!(),
+            Turn::Error { .. } | Turn::Hang | Turn::Slow { .. } => unreachable!(),
         };
         let body = json!({"id": format!("msg_mock{n}"), "type": "message", "role": "assistant",
             "model": model, "content": content, "stop_reason": stop_reason, "stop_sequence": null,
@@ -152,7 +161,7 @@ async fn messages(State(m): State<MockAnthropic>, headers: HeaderMap, body: Byte
             events.push(("content_block_stop", json!({"type": "content_block_stop", "index": 0})));
             "tool_use"
         }
-        Turn::Error { .. } | Turn::Hang => unreachable!(),
+        Turn::Error { .. } | Turn::Hang | Turn::Slow { .. } => unreachable!(),
     };
     events.push(("message_delta", json!({"type": "message_delta", "delta": {"stop_reason": stop_reason, "stop_sequence": null}, "usage": {"output_tokens": output}})));
     events.push(("message_stop", json!({"type": "message_stop"})));

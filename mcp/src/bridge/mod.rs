@@ -267,7 +267,7 @@ fn elapsed_s(job: &Job) -> f64 {
         .unwrap_or(job.created_at);
     let start = job.started_at.unwrap_or(job.created_at);
     let end = job.finished_at.unwrap_or(now);
-    ((end - start).max(0.0) * 10.0).round() / 10.0
+    ((end - start).max(0.0) * 1000.0).round() / 1000.0
 }
 
 #[tool_router]
