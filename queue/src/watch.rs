@@ -24,10 +24,34 @@ pub struct ChangeWatcher {
 }
 
 impl ChangeWatcher {
+    /// Both layers: the file watch where the platform has one, and the poll.
     pub fn spawn(db_path: &Path, on_change: impl Fn() + Send + Sync + 'static) -> Result<Self> {
+        Self::with_layers(db_path, true, true, on_change)
+    }
+
+    /// Only the layers asked for, so that each can be tested alone. Asking for the file watch
+    /// alone where the platform has none is an error.
+    pub fn with_layers(
+        db_path: &Path,
+        file_watch: bool,
+        poll: bool,
+        on_change: impl Fn() + Send + Sync + 'static,
+    ) -> Result<Self> {
         let stop = Arc::new(AtomicBool::new(false));
         let on_change: Arc<dyn Fn() + Send + Sync> = Arc::new(on_change);
-        let watching = spawn_file_watch(db_path, stop.clone(), on_change.clone());
+        let watching = file_watch && spawn_file_watch(db_path, stop.clone(), on_change.clone());
+        if file_watch && !poll && !watching {
+            return Err(crate::Error::Io {
+                context: format!("watching {}", db_path.display()),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::Unsupported,
+                    "no file watch here; use the poll",
+                ),
+            });
+        }
+        if !poll {
+            return Ok(ChangeWatcher { stop });
+        }
         let interval = if watching { POLL_WITH_WATCH } else { POLL_WITHOUT_WATCH };
         let conn = Connection::open(db_path)?;
         let poll_stop = stop.clone();

@@ -15,7 +15,13 @@ use taskbridge_queue::{Outcome, Store, TaskId, TaskSpec};
 
 const LEASE: Duration = Duration::from_millis(400);
 
-fn spawn_worker(db: &std::path::Path, tx: mpsc::Sender<String>) -> Child {
+/// A worker process and the thread that reads its events; the thread ends when the process's
+/// stdout closes (it exited or was killed).
+fn spawn_worker(
+    db: &std::path::Path,
+    tx: mpsc::Sender<String>,
+    readers: &mut Vec<std::thread::JoinHandle<()>>,
+) -> Child {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args(["chaos_worker_process", "--exact", "--nocapture", "--ignored", "--test-threads=1"])
         .env("TB_CHAOS_DB", db)
@@ -24,14 +30,14 @@ fn spawn_worker(db: &std::path::Path, tx: mpsc::Sender<String>) -> Child {
         .spawn()
         .unwrap();
     let out = child.stdout.take().unwrap();
-    std::thread::spawn(move || {
+    readers.push(std::thread::spawn(move || {
         for line in BufReader::new(out).lines().map_while(Result::ok) {
             // The harness prints "test chaos_worker_process ... " before the first line.
             if let Some(i) = line.find("EV ") {
                 let _ = tx.send(line[i + 3..].to_owned());
             }
         }
-    });
+    }));
     child
 }
 
@@ -116,7 +122,9 @@ fn chaos_every_task_ends_exactly_once() {
         })
     };
     let (tx, rx) = mpsc::channel::<String>();
-    let mut workers: Vec<Child> = (0..3).map(|_| spawn_worker(&db, tx.clone())).collect();
+    let mut readers = Vec::new();
+    let mut workers: Vec<Child> =
+        (0..3).map(|_| spawn_worker(&db, tx.clone(), &mut readers)).collect();
     let mut rng = 0x2545F4914F6CDD1Du64;
     let mut next = || {
         rng ^= rng << 13;
@@ -137,7 +145,7 @@ fn chaos_every_task_ends_exactly_once() {
         if next() % 2 == 0 {
             workers[i].kill().unwrap(); // SIGKILL
             workers[i].wait().unwrap();
-            workers[i] = spawn_worker(&db, tx.clone());
+            workers[i] = spawn_worker(&db, tx.clone(), &mut readers);
             kills += 1;
         } else {
             // Paused for longer than the lease: its task is handed to someone else meanwhile.
@@ -154,14 +162,18 @@ fn chaos_every_task_ends_exactly_once() {
     }
     stop_reaper.store(true, std::sync::atomic::Ordering::Relaxed);
     reaper.join().unwrap();
+    // Every event every worker printed, dead ones included: each reader ends at its process's
+    // end of output, so joining them all means nothing is still on its way.
+    for r in readers {
+        r.join().unwrap();
+    }
     drop(tx);
-    std::thread::sleep(Duration::from_millis(200));
 
     // token -> (task, first lease end, last lease end)
     let mut leases: HashMap<(i64, i64), (f64, f64)> = HashMap::new();
     let mut done: BTreeMap<i64, usize> = BTreeMap::new();
     let mut stale = 0;
-    for ev in rx.try_iter() {
+    for ev in rx.iter() {
         let f: Vec<&str> = ev.split_whitespace().collect();
         let (id, token): (i64, i64) = (f[1].parse().unwrap(), f[2].parse().unwrap());
         match f[0] {
