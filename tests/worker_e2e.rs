@@ -281,15 +281,29 @@ fn cancelling_a_running_task_kills_its_whole_process_group() {
 
 #[test]
 fn a_task_times_out_like_a_cancel_and_fails() {
+    // What is tested is the worker's clock and its kill, not the model: a stand-in agent that
+    // starts a child and sleeps, so the timeout does not race OpenCode's start-up on a busy
+    // machine.
     let env = Env::new();
-    let mock = MockAnthropic::spawn(vec![sleeper("pgid.txt")]);
-    let env = env.with_mock(&mock);
-    let id = env.submit(&["Slow", "--timeout", "25", "--max-attempts", "1"]);
-    let _worker = env.start_worker(1);
+    let agent = script(
+        env.dir.path(),
+        "agent",
+        "cat > /dev/null
+ps -o pgid= $$ | tr -d ' ' > pgid.txt
+sleep 300 &
+sleep 300
+",
+    );
+    let id = env.submit(&["Slow", "--timeout", "3", "--max-attempts", "1"]);
+    let mut worker = env.cmd();
+    worker.env("TASKBRIDGE_OPENCODE", &agent).args(["worker", "--once"]);
+    let out = worker.output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let pgid = read_pgid(&env.worktree(id).join("pgid.txt"));
-    let t = env.wait_status(id, "failed", Duration::from_secs(60));
-    assert!(t["error"].as_str().unwrap().contains("timed out after 25 s"), "{t:#}");
-    assert!(eventually(Duration::from_secs(5), || !group_alive(pgid)));
+    let t = env.show(id);
+    assert_eq!(t["status"], "failed");
+    assert!(t["error"].as_str().unwrap().contains("timed out after 3 s"), "{t:#}");
+    assert!(eventually(Duration::from_secs(5), || !group_alive(pgid)), "the agent's group lives");
 }
 
 #[test]

@@ -309,10 +309,6 @@ pub fn fake_cloudflared(dir: &Path, then: &str) -> PathBuf {
     )
 }
 
-pub fn port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 /// A raw HTTP POST of `initialize`; returns the status code.
 pub fn post(port: u16, host: &str, token: Option<&str>) -> u16 {
     let body = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
