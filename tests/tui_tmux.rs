@@ -227,3 +227,120 @@ fn public_mode_in_the_tui_shows_the_url_guards_it_and_reports_a_dead_tunnel() {
     tmux.keys(&["q"]);
     assert!(eventually(Duration::from_secs(10), || !tmux.alive()));
 }
+
+/// The TUI as `install.sh` starts it, in its default mode (the HTTP MCP server and a worker
+/// inside), with a keymap of the user's own: a new task from the dialog, then every steering key
+/// on it, each checked in the database, and `q` while it runs.
+#[test]
+fn the_default_tui_runs_tasks_and_every_key_reaches_the_queue() {
+    let env = Env::new();
+    // The user's keymap: `x` cancels (as well as `c`).
+    let keymap_dir = env.oc_home.join(".config/taskbridge");
+    std::fs::create_dir_all(&keymap_dir).unwrap();
+    std::fs::write(keymap_dir.join("keymap.toml"), "[normal]\n\"x\" = \"cancel-task\"\n").unwrap();
+    // A stand-in agent: it writes a file, says so, and waits for `go` (or fails on request).
+    let agent = script(
+        env.dir.path(),
+        "agent",
+        "prompt=$(cat)\n\
+         case \"$prompt\" in *fail-me*) exit 3;; esac\n\
+         echo \"$OPENCODE_CONFIG_CONTENT\" > bridge.json\n\
+         echo 'work in progress' > wip.txt\n\
+         echo '{\"type\":\"text\",\"sessionID\":\"s\",\"part\":{\"type\":\"text\",\"text\":\"halfway there\"}}'\n\
+         for i in $(seq 1 60); do echo \"{\\\"type\\\":\\\"text\\\",\\\"part\\\":{\\\"text\\\":\\\"line $i\\\"}}\"; done\n\
+         while [ ! -e go ]; do sleep 0.05; done\n",
+    );
+    let agent = agent.to_str().unwrap();
+    let tmux = start_tui_with(
+        &env,
+        "--listen 127.0.0.1:0 --concurrency 1 --claude-bridge",
+        130,
+        &[("TASKBRIDGE_OPENCODE", agent)],
+    );
+    tmux.wait_for("No tasks. Press n");
+    // The HTTP server runs inside.
+    let p = tui_port(&env, None);
+    assert_eq!(post(p, &format!("127.0.0.1:{p}"), None), 200);
+
+    // n: the dialog starts with the TUI's directory as the repository.
+    tmux.keys(&["n"]);
+    tmux.wait_for(&env.repo.display().to_string());
+    tmux.text("write the work file");
+    tmux.keys(&["C-s"]);
+    tmux.wait_for("task 1 submitted");
+    let t = env.wait_status(1, "running", Duration::from_secs(30));
+    assert_eq!(t["repo"], env.repo.display().to_string());
+    assert_eq!(t["prompt"], "write the work file");
+    let wt = env.worktree(1);
+    assert!(eventually(Duration::from_secs(30), || wt.join("wip.txt").exists()));
+    let bridge = std::fs::read_to_string(wt.join("bridge.json")).unwrap();
+    assert!(bridge.contains("claude-mcp"), "--claude-bridge on tui: {bridge}");
+
+    // + and - change the priority.
+    tmux.keys(&["+"]);
+    assert!(eventually(Duration::from_secs(5), || env.show(1)["priority"] == 1));
+    tmux.keys(&["-", "-"]);
+    assert!(eventually(Duration::from_secs(5), || env.show(1)["priority"] == -1));
+    // N adds a note.
+    tmux.keys(&["N"]);
+    tmux.wait_for("Note for task 1");
+    tmux.text("mind the tabs");
+    tmux.keys(&["C-s"]);
+    assert!(
+        eventually(Duration::from_secs(5), || env.show(1)["notes"][0]["note"] == "mind the tabs")
+    );
+    // l: the live log; / searches it; F follows again; Esc goes back to the queue.
+    tmux.keys(&["l"]);
+    tmux.wait_for("agent: line 60");
+    tmux.keys(&["k"]);
+    tmux.wait_for("(scrolled; F follows)");
+    tmux.keys(&["F"]);
+    tmux.wait_for("(following)");
+    tmux.keys(&["/"]);
+    tmux.text("halfway");
+    tmux.keys(&["C-s"]);
+    tmux.wait_for("/halfway");
+    // d: the running task's diff, from its worktree.
+    tmux.keys(&["d"]);
+    tmux.wait_for("+work in progress");
+    tmux.keys(&["Escape"]);
+    // f: the filter cycles; an empty view says so.
+    tmux.keys(&["f", "f"]);
+    tmux.wait_for("filter: blocked");
+    tmux.wait_for("No blocked tasks (1 in all)");
+    for _ in 0..6 {
+        tmux.keys(&["f"]);
+    }
+    tmux.wait_for("filter: all");
+
+    // r retries a failed task.
+    let failing = env.submit(&["fail-me now", "--max-attempts", "1"]);
+    // The worker is busy with task 1 (concurrency 1); release it so the failing one runs.
+    std::fs::write(wt.join("go"), "").unwrap();
+    env.wait_status(1, "done", Duration::from_secs(30));
+    env.wait_status(failing, "failed", Duration::from_secs(30));
+    tmux.wait_for("failed");
+    tmux.keys(&["g"]);
+    tmux.keys(&["r"]);
+    tmux.wait_for(&format!("task {failing} queued again"));
+    env.wait_status(failing, "failed", Duration::from_secs(30));
+    assert_eq!(env.show(failing)["attempts"], 1, "retried: a fresh count of attempts");
+
+    // x (the user's own binding) cancels, after asking.
+    let slow = env.submit(&["one more"]);
+    env.wait_status(slow, "running", Duration::from_secs(30));
+    tmux.wait_for("running");
+    tmux.keys(&["g", "x"]);
+    tmux.wait_for(&format!("Cancel task {slow}?"));
+    tmux.keys(&["n"]);
+    assert_eq!(env.show(slow)["status"], "running", "n keeps it");
+
+    // q with a task running asks, and the task goes back to the queue.
+    tmux.keys(&["q"]);
+    tmux.wait_for("are running in this TUI's worker. Quit?");
+    tmux.keys(&["y"]);
+    assert!(eventually(Duration::from_secs(15), || !tmux.alive()), "the TUI exited");
+    let t = env.show(slow);
+    assert_eq!(t["status"], "queued", "released, not lost: {t:#}");
+    assert_eq!(t["attempts"], 0, "a shutdown does not use an attempt");
+}
