@@ -247,24 +247,33 @@ fn service_install_writes_a_valid_systemd_unit() {
 fn install_sh_yes_installs_and_registers_in_a_fresh_home() {
     let env = Env::new();
     let root = env.dir.path().join("cargo-root");
+    // install.sh in a fresh HOME, installing into `root` from a target directory of its own
+    // (installing must not replace the binary other tests run).
+    let install = |home: &Path| {
+        std::fs::create_dir_all(home).unwrap();
+        let mut c = std::process::Command::new("bash");
+        c.arg("install.sh")
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .env("HOME", home)
+            .env("XDG_CONFIG_HOME", home.join(".config"))
+            .env(
+                "CARGO_HOME",
+                std::env::var("CARGO_HOME")
+                    .unwrap_or_else(|_| format!("{}/.cargo", std::env::var("HOME").unwrap())),
+            )
+            .env("CARGO_INSTALL_ROOT", &root)
+            .env(
+                "CARGO_TARGET_DIR",
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("target/install-sh"),
+            )
+            .env("TASKBRIDGE_HOME", &env.home)
+            .stdin(Stdio::null());
+        c
+    };
     let home = env.dir.path().join("home");
-    std::fs::create_dir_all(&home).unwrap();
-    let out = std::process::Command::new("bash")
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("install.sh"))
+    let out = install(&home)
         .args(["--yes", "--no-start", "--dev", "--tunnel", "cloudflare"])
-        .env("HOME", &home)
-        .env("XDG_CONFIG_HOME", home.join(".config"))
-        .env(
-            "CARGO_HOME",
-            std::env::var("CARGO_HOME")
-                .unwrap_or_else(|_| format!("{}/.cargo", std::env::var("HOME").unwrap())),
-        )
-        .env("CARGO_INSTALL_ROOT", &root)
-        // A target directory of its own: installing must not replace the binary other tests run.
-        .env("CARGO_TARGET_DIR", Path::new(env!("CARGO_MANIFEST_DIR")).join("target/install-sh"))
         .env("TASKBRIDGE_OPENCODE", "/usr/bin/true")
-        .env("TASKBRIDGE_HOME", &env.home)
-        .stdin(Stdio::null())
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -294,25 +303,11 @@ fn install_sh_yes_installs_and_registers_in_a_fresh_home() {
     let home2 = env.dir.path().join("home2");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let cargo_dir = Path::new(&cargo).parent().unwrap_or(Path::new("/usr/bin")).to_path_buf();
-    std::fs::create_dir_all(&home2).unwrap();
-    let out = std::process::Command::new("bash")
-        .arg("install.sh")
+    let out = install(&home2)
         .arg("--dev")
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .env("HOME", &home2)
-        .env("XDG_CONFIG_HOME", home2.join(".config"))
-        .env(
-            "CARGO_HOME",
-            std::env::var("CARGO_HOME")
-                .unwrap_or_else(|_| format!("{}/.cargo", std::env::var("HOME").unwrap())),
-        )
-        .env("CARGO_INSTALL_ROOT", &root)
-        .env("CARGO_TARGET_DIR", Path::new(env!("CARGO_MANIFEST_DIR")).join("target/install-sh"))
         // cargo, and no OpenCode: the path a newcomer without it takes.
         .env("PATH", format!("{}:/usr/bin:/bin", cargo_dir.display()))
         .env_remove("TASKBRIDGE_OPENCODE")
-        .env("TASKBRIDGE_HOME", &env.home)
-        .stdin(Stdio::null())
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);

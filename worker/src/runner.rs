@@ -441,7 +441,9 @@ impl Worker {
                 // A lock, a crash's leftovers we could not clear yet, a file system hiccup:
                 // another attempt, after the backoff, may well succeed.
                 return Ok(Some(Outcome::Failed {
-                    error: format!("could not prepare the worktree (will retry): {e}"),
+                    error: format!(
+                        "could not prepare the worktree (another attempt may fix this): {e}"
+                    ),
                     result: None,
                     backoff_s: self.backoff(task.attempts),
                 }));
