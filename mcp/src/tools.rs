@@ -331,7 +331,8 @@ fn parse_statuses(list: Option<Vec<String>>) -> Result<Vec<TaskStatus>, String> 
 #[tool_router(vis = "pub(crate)")]
 impl TaskBridge {
     /// Queue a coding task for OpenCode to run headless in its own git worktree and branch.
-    /// Returns the task (task_id, status, ...). Follow with wait_for, then get_task_result.
+    /// Returns the task (task_id, status, ...) and warnings (for example: no worker is alive to run
+    /// it). Follow with wait_for, then get_task_result.
     #[tool(annotations(title = "Submit a task", read_only_hint = false, idempotent_hint = false))]
     async fn submit_task(&self, Parameters(args): Parameters<SubmitTaskArgs>) -> ToolResult {
         let req = match args.into_request(self) {
@@ -343,9 +344,8 @@ impl TaskBridge {
             Ok((task, created, warnings)) => {
                 let mut v = self.task_json(&task, false);
                 v["created"] = json!(created);
-                if !warnings.is_empty() {
-                    v["warnings"] = json!(warnings);
-                }
+                // Said, not refused: no worker alive to run it, a model that could not be checked.
+                v["warnings"] = json!(warnings);
                 ok(v)
             }
             Err(e) => self.fail(e),

@@ -31,7 +31,7 @@ pub fn clear_finished(
                 );
                 match git::commit_all(wt, &msg) {
                     Ok(_) => {
-                        if let Err(e) = git::remove_worktree(Path::new(&task.repo), task.id.0, wt) {
+                        if let Err(e) = git::remove_worktree(Path::new(&task.repo), wt) {
                             tracing::warn!(task = %task.id, error = %e, "removing the worktree failed");
                         }
                     }

@@ -56,9 +56,47 @@ pub fn branch_name(task_id: i64) -> String {
     format!("taskbridge/task-{task_id}")
 }
 
-fn worktree_name(task_id: i64) -> String {
-    // libgit2 refuses '/' in worktree names.
-    format!("taskbridge-task-{task_id}")
+/// The worktree's registration name for a branch (libgit2 refuses '/' in worktree names).
+fn worktree_name(branch: &str) -> String {
+    branch.replace('/', "-")
+}
+
+/// Whether `name` is one of the names [`free_branch`] gives task `task_id`.
+fn is_task_branch(name: &str, task_id: i64) -> bool {
+    let first = branch_name(task_id);
+    name == first
+        || name
+            .strip_prefix(&first)
+            .and_then(|rest| rest.strip_prefix('-'))
+            .is_some_and(|k| k.parse::<u32>().is_ok())
+}
+
+/// The branch a task's first run gets: `taskbridge/task-<id>`, unless that name holds work that
+/// is not this task's (a database started afresh counts from 1 again; another home shares the
+/// repository), then `taskbridge/task-<id>-2` and so on. An existing branch that is exactly the
+/// base commit and not checked out anywhere holds nothing to lose (an earlier attempt of this
+/// task that was killed before it was recorded), so it is taken.
+fn free_branch(
+    repo: &Repository,
+    task_id: i64,
+    base: &git2::Commit<'_>,
+) -> Result<String, PrepareError> {
+    let regs = registrations(repo);
+    for k in 1..1000 {
+        let name =
+            if k == 1 { branch_name(task_id) } else { format!("{}-{k}", branch_name(task_id)) };
+        let Ok(existing) = repo.find_branch(&name, BranchType::Local) else { return Ok(name) };
+        let at_base = existing.get().target() == Some(base.id());
+        let reference = format!("refs/heads/{name}");
+        let held =
+            regs.iter().any(|r| r.head.as_deref() == Some(reference.as_str()) && opens(&r.path));
+        if at_base && !held {
+            return Ok(name);
+        }
+    }
+    Err(permanent(format!(
+        "no free branch name for task {task_id}: delete old taskbridge/task-{task_id}-* branches"
+    )))
 }
 
 /// A worktree ready for the agent.
@@ -196,10 +234,10 @@ pub fn prepare_worktree(
     repo_path: &Path,
     base: &str,
     task_id: i64,
+    known_branch: Option<&str>,
     dir: &Path,
     pause: Option<std::time::Duration>,
 ) -> std::result::Result<Prepared, PrepareError> {
-    let branch = branch_name(task_id);
     if !repo_path.exists() {
         return Err(permanent(format!(
             "the repository '{}' no longer exists; restore it, or cancel the task",
@@ -225,9 +263,17 @@ pub fn prepare_worktree(
 
     if let Some(wt) = finished_worktree(dir) {
         let on = wt.head().ok().and_then(|h| h.shorthand().ok().map(str::to_owned));
-        if on.as_deref() == Some(branch.as_str()) {
+        // This task's own worktree: on the branch it recorded, or, before it recorded one, on a
+        // name its first run could have chosen.
+        let ours = match (&on, known_branch) {
+            (Some(on), Some(known)) => on == known,
+            (Some(on), None) => is_task_branch(on, task_id),
+            (None, _) => false,
+        };
+        if let (true, Some(branch)) = (ours, on.clone()) {
             return Ok(Prepared { branch, created: false, repairs });
         }
+        let branch = known_branch.map_or_else(|| branch_name(task_id), str::to_owned);
         return Err(permanent(format!(
             "'{}' is a worktree on {} rather than {branch}; move it away, then retry the task",
             dir.display(),
@@ -239,8 +285,10 @@ pub fn prepare_worktree(
     // else.
     if dir.exists() {
         let tree = base_commit.tree().map_err(transient)?;
+        // What its own branch holds counts as not-work too (a retry of a task that committed).
+        let own = known_branch.map_or_else(|| branch_name(task_id), str::to_owned);
         let branch_tree = repo
-            .find_branch(&branch, BranchType::Local)
+            .find_branch(&own, BranchType::Local)
             .ok()
             .and_then(|b| b.get().peel_to_tree().ok());
         let clean =
@@ -266,6 +314,10 @@ pub fn prepare_worktree(
         }
     }
 
+    let branch = match known_branch {
+        Some(b) => b.to_owned(),
+        None => free_branch(&repo, task_id, &base_commit)?,
+    };
     // Registrations that point at our directory, or that hold our branch in a directory that
     // is gone, are stale: only the registration is removed (the directory was dealt with above).
     let ours = format!("refs/heads/{branch}");
@@ -306,22 +358,25 @@ pub fn prepare_worktree(
     if let Some(p) = pause {
         std::thread::sleep(p);
     }
-    let name = worktree_name(task_id);
+    let name = worktree_name(&branch);
     repo.worktree(&name, dir, Some(WorktreeAddOptions::new().reference(Some(&reference))))
         .map_err(transient)?;
     Ok(Prepared { branch, created: true, repairs })
 }
 
-/// Removes a worktree whose work is committed; the branch stays.
-pub fn remove_worktree(repo_path: &Path, task_id: i64, dir: &Path) -> Result<()> {
+/// Removes a worktree whose work is committed, and its registration; the branch stays.
+pub fn remove_worktree(repo_path: &Path, dir: &Path) -> Result<()> {
     if dir.exists() {
         std::fs::remove_dir_all(dir)
             .map_err(|e| Error::io(format!("removing worktree {}", dir.display()), e))?;
     }
     let repo = Repository::open(repo_path)?;
     let _lock = RepoLock::acquire(&repo).map_err(|e| Error::Repo(e.message))?;
-    if let Ok(wt) = repo.find_worktree(&worktree_name(task_id)) {
-        wt.prune(Some(WorktreePruneOptions::new().valid(true).working_tree(true)))?;
+    for reg in registrations(&repo).into_iter().filter(|r| same_path(&r.path, dir) || r.path == dir)
+    {
+        if let Ok(wt) = repo.find_worktree(&reg.name) {
+            wt.prune(Some(WorktreePruneOptions::new().valid(true).working_tree(true)))?;
+        }
     }
     Ok(())
 }
@@ -507,11 +562,11 @@ mod tests {
         let base = resolve_repo(r.path(), None).unwrap().base;
         let wt_root = tempfile::tempdir().unwrap();
         let wt = wt_root.path().join("task-1");
-        let made = prepare_worktree(r.path(), &base, 1, &wt, None).unwrap();
+        let made = prepare_worktree(r.path(), &base, 1, None, &wt, None).unwrap();
         assert_eq!(made.branch, "taskbridge/task-1");
         assert!(made.created);
         // Reusing it is fine.
-        assert!(!prepare_worktree(r.path(), &base, 1, &wt, None).unwrap().created);
+        assert!(!prepare_worktree(r.path(), &base, 1, None, &wt, None).unwrap().created);
 
         std::fs::write(wt.join("a.txt"), "one\nTWO\n").unwrap();
         std::fs::write(wt.join("new.txt"), "fresh\n").unwrap();
@@ -537,7 +592,7 @@ mod tests {
         assert_eq!(commit_all(&wt, "again").unwrap(), None, "nothing left to commit");
         let after = diff_against_base(&wt, &base).unwrap();
         assert_eq!(after.stat, d.stat, "the committed diff is the same diff");
-        remove_worktree(r.path(), 1, &wt).unwrap();
+        remove_worktree(r.path(), &wt).unwrap();
         assert!(!wt.exists());
         let repo = Repository::open(r.path()).unwrap();
         let b = repo.find_branch("taskbridge/task-1", BranchType::Local).unwrap();
@@ -552,7 +607,7 @@ mod tests {
         let base = resolve_repo(r.path(), None).unwrap().base;
         let wt_root = tempfile::tempdir().unwrap();
         let wt = wt_root.path().join("task-2");
-        prepare_worktree(r.path(), &base, 2, &wt, None).unwrap();
+        prepare_worktree(r.path(), &base, 2, None, &wt, None).unwrap();
         std::fs::write(wt.join("a.txt"), "changed\n").unwrap();
         std::fs::write(wt.join("junk.txt"), "junk\n").unwrap();
         let mut reverted = revert_all(&wt).unwrap();
@@ -562,7 +617,7 @@ mod tests {
     }
 
     fn prepared_ok(repo: &Path, base: &str, id: i64, wt: &Path) -> Prepared {
-        let p = prepare_worktree(repo, base, id, wt, None).unwrap();
+        let p = prepare_worktree(repo, base, id, None, wt, None).unwrap();
         let opened = Repository::open(wt).unwrap();
         assert_eq!(opened.head().unwrap().shorthand().unwrap(), branch_name(id));
         assert!(wt.join("a.txt").exists(), "the worktree is checked out");
@@ -604,7 +659,7 @@ mod tests {
         let base = resolve_repo(r.path(), None).unwrap().base;
         let root = tempfile::tempdir().unwrap();
         let wt = root.path().join("task-5");
-        prepare_worktree(r.path(), &base, 5, &wt, None).unwrap();
+        prepare_worktree(r.path(), &base, 5, None, &wt, None).unwrap();
         std::fs::remove_dir_all(&wt).unwrap();
         assert!(prepared_ok(r.path(), &base, 5, &wt).created);
         // And when only its `.git` went missing: the base files alone are not work to keep.
@@ -619,7 +674,7 @@ mod tests {
         let base = resolve_repo(r.path(), None).unwrap().base;
         let root = tempfile::tempdir().unwrap();
         let wt = root.path().join("task-9");
-        prepare_worktree(r.path(), &base, 9, &wt, None).unwrap();
+        prepare_worktree(r.path(), &base, 9, None, &wt, None).unwrap();
         // Registered, `.git` in place, but the checkout stopped before the files and the index.
         let admin = Repository::open(&wt).unwrap().path().to_path_buf();
         std::fs::remove_file(admin.join("index")).unwrap();
@@ -660,13 +715,55 @@ mod tests {
             &["worktree", "add", other.to_str().unwrap(), "-b", "taskbridge/task-7", &base],
         );
         let wt = root.path().join("task-7");
-        // Live: nothing is touched, and the error says what to do; no retry would change it.
-        let e = prepare_worktree(r.path(), &base, 7, &wt, None).unwrap_err();
+        // A task that recorded this branch: live elsewhere, nothing is touched, and the error
+        // says what to do; no retry would change it.
+        let e =
+            prepare_worktree(r.path(), &base, 7, Some("taskbridge/task-7"), &wt, None).unwrap_err();
         assert!(e.permanent && e.message.contains("git worktree remove"), "{e}");
         assert!(other.join("a.txt").exists());
-        // Stale: its directory is gone, so the branch is ours to check out.
+        // Stale: its directory is gone, so the branch is the task's to check out again.
         std::fs::remove_dir_all(&other).unwrap();
-        prepared_ok(r.path(), &base, 7, &wt);
+        let p = prepare_worktree(r.path(), &base, 7, Some("taskbridge/task-7"), &wt, None).unwrap();
+        assert_eq!(p.branch, "taskbridge/task-7");
+    }
+
+    #[test]
+    fn a_first_run_never_takes_a_branch_that_holds_other_work() {
+        // A database started afresh counts from 1 again, and another home may share the
+        // repository: their `taskbridge/task-1` is not this task's.
+        let r = repo();
+        let base = resolve_repo(r.path(), None).unwrap().base;
+        let root = tempfile::tempdir().unwrap();
+        let old = root.path().join("old-task-1");
+        let first = prepare_worktree(r.path(), &base, 1, None, &old, None).unwrap();
+        std::fs::write(old.join("a.txt"), "someone else's work\n").unwrap();
+        commit_all(&old, "old work").unwrap();
+        remove_worktree(r.path(), &old).unwrap();
+        let wt = root.path().join("task-1");
+        let p = prepare_worktree(r.path(), &base, 1, None, &wt, None).unwrap();
+        assert_eq!(
+            (first.branch.as_str(), p.branch.as_str()),
+            ("taskbridge/task-1", "taskbridge/task-1-2")
+        );
+        assert_eq!(std::fs::read_to_string(wt.join("a.txt")).unwrap(), "one\ntwo\n");
+        // The same when the other one is checked out in a live worktree at the base.
+        let live = root.path().join("live");
+        prepare_worktree(r.path(), &base, 3, None, &live, None).unwrap();
+        let p =
+            prepare_worktree(r.path(), &base, 3, None, &root.path().join("task-3"), None).unwrap();
+        assert_eq!(p.branch, "taskbridge/task-3-2");
+        // But a branch left exactly at the base and checked out nowhere (a first attempt killed
+        // before it was recorded) is taken: it holds nothing.
+        let repo = Repository::open(r.path()).unwrap();
+        repo.branch(
+            "taskbridge/task-5",
+            &repo.find_commit(Oid::from_str(&base).unwrap()).unwrap(),
+            false,
+        )
+        .unwrap();
+        let p =
+            prepare_worktree(r.path(), &base, 5, None, &root.path().join("task-5"), None).unwrap();
+        assert_eq!(p.branch, "taskbridge/task-5");
     }
 
     #[test]
@@ -675,9 +772,10 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let wt = root.path().join("task-8");
         let unknown = "1234567890123456789012345678901234567890";
-        let e = prepare_worktree(r.path(), unknown, 8, &wt, None).unwrap_err();
+        let e = prepare_worktree(r.path(), unknown, 8, None, &wt, None).unwrap_err();
         assert!(e.permanent && e.message.contains("base commit"), "{e}");
-        let e = prepare_worktree(&root.path().join("gone"), unknown, 8, &wt, None).unwrap_err();
+        let e =
+            prepare_worktree(&root.path().join("gone"), unknown, 8, None, &wt, None).unwrap_err();
         assert!(e.permanent && e.message.contains("no longer exists"), "{e}");
     }
 
@@ -697,7 +795,7 @@ mod tests {
                     let wt = root.path().join(format!("task-{id}"));
                     std::thread::spawn(move || {
                         barrier.wait();
-                        prepare_worktree(&repo, &base, id, &wt, None)
+                        prepare_worktree(&repo, &base, id, None, &wt, None)
                     })
                 })
                 .collect();

@@ -424,10 +424,11 @@ impl Worker {
             .map(PathBuf::from)
             .unwrap_or_else(|| self.home.worktrees_dir().join(format!("task-{}", id.0)));
         let (repo, base, d) = (PathBuf::from(&task.repo), task.base.clone(), dir.clone());
+        let known = task.branch.clone();
         let pause = self.cfg.fault_worktree_pause;
         log.line("preparing the worktree");
         let prepared = tokio::task::spawn_blocking(move || {
-            git::prepare_worktree(&repo, &base, id.0, &d, pause)
+            git::prepare_worktree(&repo, &base, id.0, known.as_deref(), &d, pause)
         })
         .await
         .map_err(|e| Error::Join(e.to_string()))?;
@@ -666,7 +667,7 @@ impl Worker {
         self.fill_diff(task, &dir, &mut res, true).await;
         if !task.worktree_keep {
             let (repo, d) = (PathBuf::from(&task.repo), dir.clone());
-            match tokio::task::spawn_blocking(move || git::remove_worktree(&repo, id.0, &d)).await {
+            match tokio::task::spawn_blocking(move || git::remove_worktree(&repo, &d)).await {
                 Ok(Ok(())) => log.line("work committed; worktree removed (the branch keeps it)"),
                 Ok(Err(e)) => log.line(&format!("could not remove the worktree: {e}")),
                 Err(e) => log.line(&format!("could not remove the worktree: {e}")),
