@@ -399,6 +399,14 @@ fn screen_answering_a_question() {
 }
 
 #[test]
+fn screen_new_task_dialog() {
+    let mut m = busy();
+    ch(&mut m, 'n');
+    typed(&mut m, "Add a health endpoint");
+    insta::assert_debug_snapshot!(render(&m, 100, 24).backend());
+}
+
+#[test]
 fn screen_help() {
     let mut m = busy();
     ch(&mut m, '?');
