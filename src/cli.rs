@@ -227,6 +227,10 @@ pub struct WorkerArgs {
     /// Offer the reverse bridge (`claude-mcp`) to every task run, so the agent can ask Claude.
     #[arg(long)]
     pub claude_bridge: bool,
+    /// How to drive OpenCode: `run` (a process per prompt) or `serve` (one warm `opencode
+    /// serve` per worker). Default: `[worker] opencode_mode` in the config file, else run.
+    #[arg(long = "opencode", value_name = "MODE")]
+    pub opencode_mode: Option<worker::OpenCodeMode>,
 }
 
 #[derive(Debug, Args, Clone)]
@@ -240,6 +244,10 @@ pub struct EmbeddedWorker {
     /// Offer the reverse bridge (`claude-mcp`) to every task run, so the agent can ask Claude.
     #[arg(long)]
     pub claude_bridge: bool,
+    /// How to drive OpenCode: `run` (a process per prompt) or `serve` (one warm `opencode
+    /// serve` per worker). Default: `[worker] opencode_mode` in the config file, else run.
+    #[arg(long = "opencode", value_name = "MODE")]
+    pub opencode_mode: Option<worker::OpenCodeMode>,
 }
 
 #[derive(Debug, Args, Clone)]

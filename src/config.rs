@@ -23,6 +23,8 @@ pub struct WorkerSection {
     pub concurrency: Option<usize>,
     pub model: Option<String>,
     pub opencode: Option<PathBuf>,
+    /// `run` or `serve`.
+    pub opencode_mode: Option<String>,
     pub claude_bridge: Option<bool>,
 }
 
@@ -114,6 +116,11 @@ impl Config {
         }
         if let Some(s) = env("TASKBRIDGE_LEASE_S").and_then(|v| v.parse::<f64>().ok()) {
             w.lease = Duration::from_secs_f64(s.max(0.5));
+        }
+        if let Some(m) = env("TASKBRIDGE_OPENCODE_MODE").or(file.worker.opencode_mode) {
+            w.opencode_mode = m.parse().map_err(|e: String| {
+                anyhow::anyhow!("{e} (TASKBRIDGE_OPENCODE_MODE or [worker] opencode_mode)")
+            })?;
         }
         w.opencode_config_content = env("OPENCODE_CONFIG_CONTENT");
         w.fault_worktree_pause = env("TASKBRIDGE_FAULT_WORKTREE_PAUSE_MS")

@@ -27,8 +27,12 @@ fn worker_config(
     once: bool,
     model: Option<String>,
     claude_bridge: bool,
+    mode: Option<worker::OpenCodeMode>,
 ) -> anyhow::Result<WorkerConfig> {
     let mut cfg = ctx.config.worker.clone();
+    if let Some(m) = mode {
+        cfg.opencode_mode = m;
+    }
     if let Some(c) = concurrency {
         cfg.concurrency = c.max(1);
     }
@@ -64,8 +68,14 @@ pub async fn long_running(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode
     cancel_on_signal(shutdown.clone());
     match command {
         Command::Worker(args) => {
-            let cfg =
-                worker_config(&ctx, args.concurrency, args.once, args.model, args.claude_bridge)?;
+            let cfg = worker_config(
+                &ctx,
+                args.concurrency,
+                args.once,
+                args.model,
+                args.claude_bridge,
+                args.opencode_mode,
+            )?;
             let running = Worker::start(ctx.store.clone(), ctx.home.clone(), cfg, shutdown);
             eprintln!("taskbridge worker {} on {}", running.worker.id(), ctx.db_path.display());
             running.handle.await.context("worker task")??;
@@ -95,7 +105,8 @@ fn embedded(
     if emb.no_worker {
         return Ok(None);
     }
-    let cfg = worker_config(ctx, emb.concurrency, false, None, emb.claude_bridge)?;
+    let cfg =
+        worker_config(ctx, emb.concurrency, false, None, emb.claude_bridge, emb.opencode_mode)?;
     Ok(Some(Worker::start(ctx.store.clone(), ctx.home.clone(), cfg, shutdown)))
 }
 
@@ -106,7 +117,8 @@ fn mcp_server(
     emb: &EmbeddedWorker,
     embedded: Option<&RunningWorker>,
 ) -> anyhow::Result<mcp::TaskBridge> {
-    let cfg = worker_config(ctx, emb.concurrency, false, None, emb.claude_bridge)?;
+    let cfg =
+        worker_config(ctx, emb.concurrency, false, None, emb.claude_bridge, emb.opencode_mode)?;
     Ok(mcp::TaskBridge::new(
         ctx.store.clone(),
         ctx.home.clone(),

@@ -20,6 +20,16 @@ fn result_block(summary: &str, tests: &[&str]) -> String {
 
 #[test]
 fn a_task_that_edits_files_and_runs_a_test_ends_done_with_a_commit_and_a_verified_result() {
+    edit_scenario("run");
+}
+
+/// The same task and the same result through one warm `opencode serve`.
+#[test]
+fn in_serve_mode_the_edit_task_gives_the_same_verified_result() {
+    edit_scenario("serve");
+}
+
+fn edit_scenario(mode: &str) {
     let env = Env::new();
     let wt = env.worktree(1);
     let mock = MockAnthropic::spawn(vec![
@@ -36,7 +46,7 @@ fn a_task_that_edits_files_and_runs_a_test_ends_done_with_a_commit_and_a_verifie
     ]);
     let env = env.with_mock(&mock);
     let id = env.submit(&["Add a greeting file and update the README", "--title", "greeting"]);
-    let _worker = env.start_worker(1);
+    let _worker = env.start_worker_with(1, &["--opencode", mode]);
     let task =
         env.wait_task(id, RUN, |t| ["done", "failed"].contains(&t["status"].as_str().unwrap()));
     assert_eq!(task["status"], "done", "{task:#}\nlog:\n{}", env.log(id));
@@ -107,6 +117,16 @@ fn question(text: &str) -> String {
 
 #[test]
 fn a_question_waits_and_the_answer_resumes_the_same_session() {
+    question_scenario("run");
+}
+
+/// In serve mode the answer is a new prompt in the same session on the same warm server.
+#[test]
+fn in_serve_mode_an_answer_is_a_new_prompt_in_the_same_session() {
+    question_scenario("serve");
+}
+
+fn question_scenario(mode: &str) {
     let env = Env::new();
     let mock = MockAnthropic::spawn(vec![
         Turn::text(question("Which colour should the banner be: red or blue?")),
@@ -115,7 +135,7 @@ fn a_question_waits_and_the_answer_resumes_the_same_session() {
     ]);
     let env = env.with_mock(&mock);
     let id = env.submit(&["Add a banner"]);
-    let _worker = env.start_worker(1);
+    let _worker = env.start_worker_with(1, &["--opencode", mode]);
     let t = env.wait_status(id, "waiting", RUN);
     assert_eq!(t["question"], "Which colour should the banner be: red or blue?");
     let session = t["session_id"].as_str().unwrap().to_owned();
@@ -261,11 +281,22 @@ fn read_pgid(path: &std::path::Path) -> i32 {
 
 #[test]
 fn cancelling_a_running_task_kills_its_whole_process_group() {
+    cancel_scenario("run");
+}
+
+/// In serve mode a cancel aborts the session and stops what the server still runs for it; the
+/// warm server itself stays up for the next task.
+#[test]
+fn in_serve_mode_a_cancel_mid_tool_stops_the_command_and_the_server_serves_on() {
+    cancel_scenario("serve");
+}
+
+fn cancel_scenario(mode: &str) {
     let env = Env::new();
-    let mock = MockAnthropic::spawn(vec![sleeper("pgid.txt")]);
+    let mock = MockAnthropic::spawn(vec![sleeper("pgid.txt"), Turn::text("Next task done.")]);
     let env = env.with_mock(&mock);
     let id = env.submit(&["Do something slow"]);
-    let _worker = env.start_worker(1);
+    let _worker = env.start_worker_with(1, &["--opencode", mode]);
     let pgid = read_pgid(&env.worktree(id).join("pgid.txt"));
     assert!(group_alive(pgid));
     let out = env.ok(&["cancel", &id.to_string()]);
@@ -277,6 +308,9 @@ fn cancelling_a_running_task_kills_its_whole_process_group() {
     );
     assert!(env.worktree(id).exists(), "the worktree is kept");
     assert_eq!(t["cancel_requested"], false);
+    // The worker goes on with the next task.
+    let next = env.submit(&["Something quick"]);
+    assert_eq!(env.wait_status(next, "done", RUN)["result"]["summary"], "Next task done.");
 }
 
 #[test]
@@ -308,6 +342,17 @@ sleep 300
 
 #[test]
 fn kill_9_of_the_worker_mid_run_is_recovered_on_restart() {
+    kill_9_scenario("run");
+}
+
+/// In serve mode the worker's OpenCode server outlives a SIGKILL of the worker; the next worker
+/// kills it (and the command it runs) from its pid file.
+#[test]
+fn in_serve_mode_kill_9_of_the_worker_leaves_no_server_behind() {
+    kill_9_scenario("serve");
+}
+
+fn kill_9_scenario(mode: &str) {
     let env = Env::new();
     let mock = MockAnthropic::spawn(vec![
         sleeper("pgid.txt"),
@@ -315,18 +360,35 @@ fn kill_9_of_the_worker_mid_run_is_recovered_on_restart() {
     ]);
     let env = env.with_mock(&mock);
     let id = env.submit(&["Survive a crash"]);
-    let mut worker = env.start_worker(1);
+    let mut worker = env.start_worker_with(1, &["--opencode", mode]);
     let pgid = read_pgid(&env.worktree(id).join("pgid.txt"));
+    // serve mode: the warm server's pid, from the file the next worker reads.
+    let server: Option<i32> = std::fs::read_dir(env.home.join("servers")).ok().and_then(|mut d| {
+        let f = d.next()?.ok()?.path();
+        let v: Value = serde_json::from_str(&std::fs::read_to_string(f).ok()?).ok()?;
+        v["pid"].as_i64().map(|p| p as i32)
+    });
+    assert_eq!(server.is_some(), mode == "serve", "a server only in serve mode");
     worker.0.kill().unwrap(); // SIGKILL
     worker.0.wait().unwrap();
     assert!(group_alive(pgid), "the agent outlived its worker: an orphan");
     assert_eq!(env.show(id)["status"], "running");
 
-    let _worker = env.start_worker(1);
+    if let Some(server) = server {
+        assert!(group_alive(server), "the server outlived its worker");
+    }
+    let _worker = env.start_worker_with(1, &["--opencode", mode]);
     assert!(
         eventually(Duration::from_secs(10), || !group_alive(pgid)),
         "the orphan was killed on restart"
     );
+    if let Some(server) = server {
+        // The server leads its own process group.
+        assert!(
+            eventually(Duration::from_secs(10), || !group_alive(server)),
+            "the orphaned server was killed on restart"
+        );
+    }
     let t = env.wait_status(id, "done", RUN);
     assert_eq!(t["result"]["summary"], "Finished on the second run.");
     assert_eq!(t["attempts"], 2, "the interrupted attempt counts");
@@ -443,4 +505,30 @@ fn repository_setup_commands_run_in_a_new_worktree_before_the_agent() {
     assert!(env.log(id).contains("setup: cp"), "{}", env.log(id));
     let committed = git_out(&env.repo, &["ls-tree", "-r", "--name-only", "taskbridge/task-1"]);
     assert!(!committed.contains(".env"), "an ignored file is never committed: {committed}");
+}
+
+/// The warm server killed on its own mid-turn: the attempt fails, and the next one runs on a new
+/// server the worker starts.
+#[test]
+fn in_serve_mode_a_killed_server_is_started_again_and_the_task_finishes() {
+    let env = Env::new();
+    let mock = MockAnthropic::spawn(vec![
+        sleeper("pgid.txt"),
+        Turn::text(result_block("Finished on a new server.", &[])),
+    ]);
+    let env = env.with_mock(&mock);
+    let id = env.submit(&["Outlive the server", "--max-attempts", "3"]);
+    let _worker = env.start_worker_with(1, &["--opencode", "serve"]);
+    read_pgid(&env.worktree(id).join("pgid.txt"));
+    let file = std::fs::read_dir(env.home.join("servers")).unwrap().next().unwrap().unwrap().path();
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    let server = v["pid"].as_i64().unwrap() as i32;
+    nix::sys::signal::killpg(nix::unistd::Pid::from_raw(server), nix::sys::signal::Signal::SIGKILL)
+        .unwrap();
+    let t = env.wait_status(id, "done", RUN);
+    assert_eq!(t["result"]["summary"], "Finished on a new server.");
+    assert_eq!(t["attempts"], 2, "the interrupted attempt counts");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    assert_ne!(v["pid"].as_i64().unwrap() as i32, server, "a new server");
+    assert!(env.log(id).contains("the OpenCode server"), "{}", env.log(id));
 }

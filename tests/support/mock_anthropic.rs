@@ -54,6 +54,8 @@ struct Inner {
     /// Requests whose last user message contains the needle get this answer, script or not.
     rules: Vec<(String, Turn)>,
     requests: Vec<Value>,
+    /// When each request arrived.
+    arrivals: Vec<std::time::Instant>,
     headers: Vec<HeaderMap>,
     sent: SentUsage,
     turns_served: u64,
@@ -77,6 +79,7 @@ async fn messages(State(m): State<MockAnthropic>, headers: HeaderMap, body: Byte
     let turn = {
         let mut s = m.inner.lock().unwrap();
         s.requests.push(req);
+        s.arrivals.push(std::time::Instant::now());
         s.headers.push(headers);
         let ruled = s.rules.iter().find(|(needle, _)| last_user.contains(needle.as_str()));
         match ruled {
@@ -224,6 +227,11 @@ impl MockAnthropic {
 
     pub fn requests(&self) -> Vec<Value> {
         self.inner.lock().unwrap().requests.clone()
+    }
+
+    /// When each request arrived, in order.
+    pub fn arrivals(&self) -> Vec<std::time::Instant> {
+        self.inner.lock().unwrap().arrivals.clone()
     }
 
     pub fn headers(&self) -> Vec<HeaderMap> {

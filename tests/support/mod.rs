@@ -109,9 +109,15 @@ impl Env {
 
     /// Starts `taskbridge worker`; it is killed when the guard drops.
     pub fn start_worker(&self, concurrency: usize) -> Child {
+        self.start_worker_with(concurrency, &[])
+    }
+
+    /// `taskbridge worker` with more flags (`--opencode serve`, say).
+    pub fn start_worker_with(&self, concurrency: usize, extra: &[&str]) -> Child {
         let child = self
             .cmd()
             .args(["worker", "--concurrency", &concurrency.to_string()])
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())

@@ -20,10 +20,11 @@ pub mod notify;
 pub mod process;
 pub mod result;
 pub mod runner;
+pub mod serve;
 pub mod service;
 pub mod submit;
 
 pub use error::{Error, Result};
 pub use result::TaskResult;
-pub use runner::{RunningWorker, Worker, WorkerConfig};
+pub use runner::{OpenCodeMode, RunningWorker, Worker, WorkerConfig};
 pub use submit::{SubmitRequest, Submitted, submit, submit_batch};

@@ -69,6 +69,13 @@ pub fn kill_orphan(pid: i64, started: Option<&str>) -> bool {
     true
 }
 
+/// Kills `pid` and everything it started (its process groups and descendants).
+pub fn kill_group(pid: i32) {
+    let mut tree = ProcessTree::new(pid);
+    tree.refresh();
+    tree.signal(Signal::SIGKILL);
+}
+
 /// `(pid, ppid, pgid)` of every process, from /proc.
 fn processes() -> Vec<(i32, i32, i32)> {
     let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };

@@ -30,12 +30,43 @@ use tokio_util::sync::CancellationToken;
 const PREAMBLE: &str = include_str!("../../assets/preamble.md");
 const RESUME: &str = include_str!("../../assets/resume.md");
 
+/// How the worker drives OpenCode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OpenCodeMode {
+    /// A new `opencode run` process for every prompt.
+    #[default]
+    Run,
+    /// One warm `opencode serve` per worker; a prompt is a request.
+    Serve,
+}
+
+impl std::str::FromStr for OpenCodeMode {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "run" => Ok(OpenCodeMode::Run),
+            "serve" => Ok(OpenCodeMode::Serve),
+            other => Err(format!("'{other}' is not an OpenCode mode; use serve or run")),
+        }
+    }
+}
+
+impl OpenCodeMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OpenCodeMode::Run => "run",
+            OpenCodeMode::Serve => "serve",
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
     pub concurrency: usize,
     pub lease: Duration,
     /// The OpenCode executable (`opencode`, found on PATH, unless configured).
     pub opencode: PathBuf,
+    pub opencode_mode: OpenCodeMode,
     /// Used when neither the task nor the database names a model.
     pub default_model: Option<String>,
     /// Exit once nothing is running and nothing is runnable.
@@ -61,6 +92,7 @@ impl Default for WorkerConfig {
             concurrency: 2,
             lease: Duration::from_secs(30),
             opencode: PathBuf::from("opencode"),
+            opencode_mode: OpenCodeMode::Run,
             default_model: None,
             once: false,
             retry_base: Duration::from_secs(10),
@@ -106,6 +138,8 @@ pub struct Worker {
     wake: Arc<Notify>,
     running: AtomicUsize,
     notifier: notify::Notifier,
+    /// The warm OpenCode server, in `serve` mode.
+    server: Option<crate::serve::ServeAgent>,
 }
 
 pub fn hostname() -> String {
@@ -123,6 +157,16 @@ impl Worker {
         let host = hostname();
         let id = format!("{host}:{}:{}", std::process::id(), fastrand::u32(..) % 100_000);
         let notifier = notify::Notifier::new(cfg.notify.clone());
+        let server = (cfg.opencode_mode == OpenCodeMode::Serve).then(|| {
+            let mut env = Vec::new();
+            if let Some(bridge) = &cfg.claude_bridge {
+                env.push((
+                    "OPENCODE_CONFIG_CONTENT".to_owned(),
+                    with_bridge(cfg.opencode_config_content.as_deref(), bridge),
+                ));
+            }
+            crate::serve::ServeAgent::new(cfg.opencode.clone(), env, &home, &id)
+        });
         Arc::new(Worker {
             store,
             home,
@@ -132,6 +176,7 @@ impl Worker {
             wake,
             running: AtomicUsize::new(0),
             notifier,
+            server,
         })
     }
 
@@ -241,6 +286,9 @@ impl Worker {
         housekeeping.abort();
         let id = self.id.clone();
         let _ = self.blocking(move |s| s.worker_stopped(&id)).await;
+        if let Some(server) = &self.server {
+            server.shutdown().await;
+        }
         // The last tasks' webhooks get a moment to arrive, bounded so a hung one cannot keep
         // the process alive.
         self.notifier.flush(self.cfg.notify.webhook_timeout.min(Duration::from_secs(5))).await;
@@ -294,6 +342,16 @@ impl Worker {
     /// there is no need to wait for their leases to expire when its pid is gone.
     async fn recover_dead_local_workers(&self) {
         let Ok(workers) = self.blocking(|s| s.list_workers()).await else { return };
+        // Their OpenCode servers first: a server outlives a worker killed with SIGKILL.
+        let alive: Vec<String> = workers
+            .iter()
+            .filter(|w| w.host == self.host && !w.stopped && process::pid_alive(w.pid))
+            .map(|w| w.id.replace([':', '/'], "_"))
+            .collect();
+        let me = self.id.replace([':', '/'], "_");
+        crate::serve::kill_orphaned_servers(&self.home, |name| {
+            name == me || alive.iter().any(|a| a == name)
+        });
         for w in workers {
             if w.stopped || w.host != self.host || w.id == self.id || process::pid_alive(w.pid) {
                 continue;
@@ -528,6 +586,33 @@ impl Worker {
 
         let mut tries = 0;
         let exit = loop {
+            if let Some(server) = &self.server {
+                let turn = crate::serve::Turn {
+                    task,
+                    dir: &dir,
+                    prompt: prompt.clone(),
+                    model: model.clone(),
+                    session: resume.as_ref().map(|r| r.session_id.clone()),
+                };
+                match server.run(turn, log, stop.clone(), deadline).await {
+                    Ok(exit) => break exit,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                        let error = format!(
+                            "could not start '{}': not found. Install OpenCode with `npm install \
+                             -g opencode-ai` or set TASKBRIDGE_OPENCODE to its path",
+                            self.cfg.opencode.display()
+                        );
+                        return Ok(Some(Outcome::FailedPermanently { error, result: None }));
+                    }
+                    Err(e) => {
+                        return Ok(Some(Outcome::Failed {
+                            error: format!("the OpenCode server failed: {e}"),
+                            result: None,
+                            backoff_s: self.backoff(task.attempts),
+                        }));
+                    }
+                }
+            }
             tries += 1;
             let cmd = AgentCommand {
                 program: self.cfg.opencode.clone(),
