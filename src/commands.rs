@@ -135,10 +135,11 @@ pub fn run(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode> {
                     let tasks: Vec<String> =
                         w.current_tasks.iter().map(|t| t.0.to_string()).collect();
                     outln!(
-                        "  {} pid {}{} running [{}]",
+                        "  {} pid {}{} ({}) running [{}]",
                         w.id,
                         w.pid,
                         if w.stale { " (stale)" } else { "" },
+                        w.agent.as_deref().unwrap_or("agent unknown"),
                         tasks.join(", ")
                     );
                 }
@@ -152,12 +153,13 @@ pub fn run(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode> {
                 outln!("no workers have run on this database; start one with `taskbridge worker`");
             } else {
                 outln!(
-                    "{:<28}  {:>7}  {:<16}  {:<8}  {:>9}  TASKS",
+                    "{:<28}  {:>7}  {:<16}  {:<8}  {:>9}  {:<15}  TASKS",
                     "ID",
                     "PID",
                     "HOST",
                     "STATE",
-                    "HEARTBEAT"
+                    "HEARTBEAT",
+                    "AGENT"
                 );
                 for w in &workers {
                     let state = match (w.stopped, w.stale) {
@@ -168,12 +170,13 @@ pub fn run(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode> {
                     let tasks: Vec<String> =
                         w.current_tasks.iter().map(|t| t.0.to_string()).collect();
                     outln!(
-                        "{:<28}  {:>7}  {:<16}  {:<8}  {:>9}  {}",
+                        "{:<28}  {:>7}  {:<16}  {:<8}  {:>9}  {:<15}  {}",
                         truncate(&w.id, 28),
                         w.pid,
                         truncate(&w.host, 16),
                         state,
                         format!("{} ago", human_duration(now() - w.heartbeat_at)),
+                        w.agent.as_deref().unwrap_or("?"),
                         tasks.join(", ")
                     );
                 }

@@ -102,6 +102,8 @@ fn edit_scenario(mode: &str) {
     assert_eq!(git_out(&env.repo, &["rev-list", "--count", "main"]), "1");
     assert!(!wt.exists(), "the worktree is removed after success");
     assert_eq!(task["branch"], "taskbridge/task-1");
+    let workers: Value = serde_json::from_str(&env.ok(&["list-workers", "--json"])).unwrap();
+    assert_eq!(workers[0]["agent"], format!("opencode {mode}"), "list-workers says which");
 
     // The readable log tells the story as it happened; the raw events sit beside it.
     let log = env.log(id);

@@ -332,6 +332,9 @@ pub struct WorkerInfo {
     pub stopped: bool,
     /// No heartbeat for three intervals, and not stopped cleanly.
     pub stale: bool,
+    /// What it drives: `opencode run` or `opencode serve` (`None` from an older binary).
+    #[serde(default)]
+    pub agent: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

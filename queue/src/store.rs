@@ -12,6 +12,7 @@ use std::time::Duration;
 const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0001_init.sql"),
     include_str!("../migrations/0002_claude_jobs.sql"),
+    include_str!("../migrations/0003_worker_agent.sql"),
 ];
 
 /// A worker with no heartbeat for this long is reported as stale.
@@ -1026,18 +1027,21 @@ impl Store {
 
     // ---- workers and settings ----------------------------------------------------------------
 
+    /// Registers a worker; `agent` says what it drives (`opencode serve`, say).
     pub fn register_worker(
         &self,
         id: &str,
         pid: u32,
         host: &str,
         concurrency: usize,
+        agent: &str,
     ) -> Result<()> {
         self.write(|tx, now| {
             tx.execute(
-                "INSERT OR REPLACE INTO workers (id, pid, host, started_at, heartbeat_at, concurrency)
-                 VALUES (?1, ?2, ?3, ?4, ?4, ?5)",
-                params![id, pid, host, now, concurrency as i64],
+                "INSERT OR REPLACE INTO workers
+                   (id, pid, host, started_at, heartbeat_at, concurrency, agent)
+                 VALUES (?1, ?2, ?3, ?4, ?4, ?5, ?6)",
+                params![id, pid, host, now, concurrency as i64, agent],
             )?;
             Ok(())
         })
@@ -1063,7 +1067,8 @@ impl Store {
                 "SELECT w.id, w.pid, w.host, w.started_at, w.heartbeat_at, w.concurrency,
                         w.stopped_at IS NOT NULL, unixepoch('subsec') - w.heartbeat_at,
                         (SELECT group_concat(t.id) FROM tasks t
-                          WHERE t.worker = w.id AND t.status = 'running')
+                          WHERE t.worker = w.id AND t.status = 'running'),
+                        w.agent
                    FROM workers w
                   WHERE w.stopped_at IS NULL OR w.stopped_at > unixepoch('subsec') - 86400
                   ORDER BY w.started_at",
@@ -1082,6 +1087,7 @@ impl Store {
                     current_tasks: id_list(current),
                     stopped,
                     stale: !stopped && silent_for > WORKER_STALE_AFTER_S,
+                    agent: r.get(9)?,
                 })
             })?;
             Ok(rows.collect::<Result<Vec<_>, _>>()?)

@@ -635,15 +635,20 @@ fn a_database_from_the_previous_schema_opens_and_keeps_its_tasks() {
         let store = Store::open(&path).unwrap();
         store.submit(spec("written by schema 1")).unwrap().0.id
     };
-    // Schema 1 is schema 2 without the bridge's job table.
+    // Schema 1 is today's without the bridge's job table (2) and the workers' agent column (3).
     let conn = rusqlite::Connection::open(&path).unwrap();
-    conn.execute_batch("DROP TABLE claude_jobs; PRAGMA user_version = 1;").unwrap();
+    conn.execute_batch(
+        "DROP TABLE claude_jobs; ALTER TABLE workers DROP COLUMN agent; PRAGMA user_version = 1;",
+    )
+    .unwrap();
     drop(conn);
 
     let store = Store::open(&path).unwrap();
     assert_eq!(store.get(id).unwrap().prompt, "written by schema 1");
     let job = store.job_submit(&serde_json::json!({"prompt": "hi"}), &owner(1)).unwrap();
     assert_eq!(store.job(job.id).unwrap().status, JobStatus::Queued);
+    store.register_worker("w1", 1, "host", 2, "opencode serve").unwrap();
+    assert_eq!(store.list_workers().unwrap()[0].agent.as_deref(), Some("opencode serve"));
 }
 
 fn owner(pid: i64) -> JobOwner {

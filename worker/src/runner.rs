@@ -234,7 +234,9 @@ impl Worker {
     /// running agents are stopped and their tasks go back to the queue without using an attempt.
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) -> Result<()> {
         let (id, host, conc) = (self.id.clone(), self.host.clone(), self.cfg.concurrency);
-        self.blocking(move |s| s.register_worker(&id, std::process::id(), &host, conc)).await?;
+        let agent = format!("opencode {}", self.cfg.opencode_mode.as_str());
+        self.blocking(move |s| s.register_worker(&id, std::process::id(), &host, conc, &agent))
+            .await?;
         self.recover_dead_local_workers().await;
         let housekeeping = tokio::spawn(self.clone().housekeeping(shutdown.clone()));
         let slots = Arc::new(Semaphore::new(self.cfg.concurrency.max(1)));
