@@ -197,6 +197,15 @@ fn an_api_401_fails_at_once_naming_the_model_and_how_to_log_in() {
 
 #[test]
 fn with_no_model_configured_the_error_names_the_model_opencode_chose() {
+    no_model_scenario("run");
+}
+
+#[test]
+fn in_serve_mode_with_no_model_configured_the_error_names_the_model_the_server_chose() {
+    no_model_scenario("serve");
+}
+
+fn no_model_scenario(mode: &str) {
     let env = Env::new();
     let mock = MockAnthropic::spawn((0..6).map(|_| unauthorized()).collect());
     let mut env = env.with_mock(&mock);
@@ -206,7 +215,7 @@ fn with_no_model_configured_the_error_names_the_model_opencode_chose() {
     env.opencode_config = Some(cfg.to_string());
     let id = env.submit(&["Anything"]);
     let mut worker = env.cmd();
-    worker.env_remove("TASKBRIDGE_MODEL").args(["worker", "--once"]);
+    worker.env_remove("TASKBRIDGE_MODEL").args(["worker", "--once", "--opencode", mode]);
     assert!(worker.output().unwrap().status.success());
     let t = env.show(id);
     assert_eq!(t["status"], "failed");
@@ -301,6 +310,17 @@ fn cancel_scenario(mode: &str) {
     let _worker = env.start_worker_with(1, &["--opencode", mode]);
     let pgid = read_pgid(&env.worktree(id).join("pgid.txt"));
     assert!(group_alive(pgid));
+    if mode == "serve" {
+        // The server says when a tool starts: the command shows in the log while it runs.
+        let running = |t: &str| t.contains("tool bash: ps -o pgid=") && t.contains("(running)");
+        assert!(
+            eventually(Duration::from_secs(10), || running(
+                &env.ok(&["get-logs", &id.to_string()])
+            )),
+            "{}",
+            env.log(id)
+        );
+    }
     let out = env.ok(&["cancel", &id.to_string()]);
     assert!(out.contains("cancel requested"), "{out}");
     let t = env.wait_status(id, "cancelled", Duration::from_secs(10));
@@ -332,7 +352,8 @@ sleep 300
     );
     let id = env.submit(&["Slow", "--timeout", "3", "--max-attempts", "1"]);
     let mut worker = env.cmd();
-    worker.env("TASKBRIDGE_OPENCODE", &agent).args(["worker", "--once"]);
+    // A stand-in agent is a process per prompt: `run` mode.
+    worker.env("TASKBRIDGE_OPENCODE", &agent).args(["worker", "--once", "--opencode", "run"]);
     let out = worker.output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let pgid = read_pgid(&env.worktree(id).join("pgid.txt"));

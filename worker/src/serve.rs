@@ -302,6 +302,16 @@ impl ServeAgent {
                         if ev.pointer("/properties/sessionID").and_then(Value::as_str) != Some(session.as_str()) {
                             continue;
                         }
+                        // The model the server chose, its own default when none was named, as
+                        // `--print-logs` tells it in `run` mode.
+                        if run.model_seen.is_none()
+                            && let (Some(p), Some(m)) = (
+                                ev.pointer("/properties/info/model/providerID").and_then(Value::as_str),
+                                ev.pointer("/properties/info/model/modelID").and_then(Value::as_str),
+                            )
+                        {
+                            run.model_seen = Some(format!("{p}/{m}"));
+                        }
                         for line in state.lines(&session, &ev, log) {
                             log.raw(&line);
                             if let Some(text) = run.ingest(&line) {
