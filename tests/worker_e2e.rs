@@ -304,7 +304,11 @@ fn in_serve_mode_a_cancel_mid_tool_stops_the_command_and_the_server_serves_on() 
 
 fn cancel_scenario(mode: &str) {
     let env = Env::new();
-    let mock = MockAnthropic::spawn(vec![sleeper("pgid.txt"), Turn::text("Next task done.")]);
+    let mock = MockAnthropic::spawn(vec![
+        Turn::bash("echo warming up"),
+        sleeper("pgid.txt"),
+        Turn::text("Next task done."),
+    ]);
     let env = env.with_mock(&mock);
     let id = env.submit(&["Do something slow"]);
     let _worker = env.start_worker_with(1, &["--opencode", mode]);
@@ -320,6 +324,11 @@ fn cancel_scenario(mode: &str) {
             "{}",
             env.log(id)
         );
+        // The spend so far: the first step (the warm-up command) has finished.
+        let t = env.show(id);
+        assert_eq!(t["status"], "running");
+        assert_eq!(t["result"]["usage"]["steps"], 1, "{t:#}");
+        assert!(t["result"]["usage"]["cost_usd"].as_f64().unwrap() > 0.0, "{t:#}");
     }
     let out = env.ok(&["cancel", &id.to_string()]);
     assert!(out.contains("cancel requested"), "{out}");

@@ -284,7 +284,9 @@ pub(crate) fn result_json(task: &Task, max_diff_bytes: usize) -> Value {
         "permissions": r.permissions,
         "reverted_files": r.reverted_files,
         "error": task.error,
-        "note": if task.result.is_none() && task.status != TaskStatus::Done {
+        "note": if task.status == TaskStatus::Running && task.result.is_some() {
+            Some("still running: usage is the spend so far; the rest comes when it ends")
+        } else if task.result.is_none() && task.status != TaskStatus::Done {
             Some("no result yet: the task has not run to the end; see status")
         } else { None },
     })

@@ -677,7 +677,8 @@ impl Store {
                 "UPDATE tasks SET agent_pid = coalesce(?1, agent_pid),
                     agent_started = coalesce(?2, agent_started),
                     session_id = coalesce(?3, session_id), branch = coalesce(?4, branch),
-                    worktree = coalesce(?5, worktree), updated_at = ?6
+                    worktree = coalesce(?5, worktree), result = coalesce(?9, result),
+                    updated_at = ?6
                  WHERE id = ?7 AND lease_token = ?8 AND status = 'running'",
                 params![
                     facts.agent_pid,
@@ -687,7 +688,8 @@ impl Store {
                     facts.worktree,
                     now,
                     id.0,
-                    token
+                    token,
+                    facts.result.map(|v| v.to_string()),
                 ],
             )?;
             if n == 0 { Err(Error::StaleLease { id, token }) } else { Ok(()) }
@@ -1148,6 +1150,8 @@ pub struct RunFacts {
     pub session_id: Option<String>,
     pub branch: Option<String>,
     pub worktree: Option<String>,
+    /// The result so far (a running task's spend), replaced by the final one when it ends.
+    pub result: Option<serde_json::Value>,
 }
 
 /// Task ids from a `group_concat(id)` column (NULL when there are none).

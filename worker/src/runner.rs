@@ -596,7 +596,23 @@ impl Worker {
                     model: model.clone(),
                     session: resume.as_ref().map(|r| r.session_id.clone()),
                 };
-                match server.run(turn, log, stop.clone(), deadline).await {
+                // The spend so far, on the task while it runs (earlier runs' usage included).
+                let (store, prev) = (self.store.clone(), previous_usage(task));
+                let session = turn.session.clone();
+                let mut on_step = move |u: &Usage| {
+                    let mut usage = prev.clone();
+                    usage.add(u);
+                    let partial =
+                        TaskResult { usage, session_id: session.clone(), ..Default::default() };
+                    let facts = RunFacts { result: Some(to_json(&partial)), ..Default::default() };
+                    let store = store.clone();
+                    tokio::task::spawn_blocking(move || {
+                        if let Err(e) = store.record_run(id, token, facts) {
+                            tracing::debug!(task = %id, error = %e, "recording the spend failed");
+                        }
+                    });
+                };
+                match server.run(turn, log, stop.clone(), deadline, &mut on_step).await {
                     Ok(exit) => break exit,
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                         let error = format!(
@@ -662,12 +678,7 @@ impl Worker {
             break exit;
         };
 
-        let prev_usage = task
-            .result
-            .as_ref()
-            .and_then(|r| serde_json::from_value::<TaskResult>(r.clone()).ok())
-            .map(|r| r.usage)
-            .unwrap_or_default();
+        let prev_usage = previous_usage(task);
         let final_text = exit.run.final_text();
         let reported = result::reported(&final_text);
         let mut res = TaskResult {
@@ -848,6 +859,15 @@ fn lost_or(e: Error) -> Result<Option<Outcome>> {
         Error::Queue(queue::Error::StaleLease { .. }) => Ok(None),
         e => Err(e),
     }
+}
+
+/// What the task's earlier runs (before an answer) spent.
+fn previous_usage(task: &Task) -> Usage {
+    task.result
+        .as_ref()
+        .and_then(|r| serde_json::from_value::<TaskResult>(r.clone()).ok())
+        .map(|r| r.usage)
+        .unwrap_or_default()
 }
 
 fn to_json(res: &TaskResult) -> serde_json::Value {

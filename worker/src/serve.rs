@@ -245,12 +245,15 @@ impl ServeAgent {
     }
 
     /// Runs one prompt to the end of the agent's turn (or until stopped).
+    /// `on_step` hears the run's usage so far after every finished step, so a running task's
+    /// spend can be shown.
     pub async fn run(
         &self,
         turn: Turn<'_>,
         log: &mut TaskLog,
         mut stop: watch::Receiver<Option<StopReason>>,
         deadline: tokio::time::Instant,
+        on_step: &mut (dyn FnMut(&crate::events::Usage) + Send),
     ) -> std::io::Result<AgentExit> {
         let port = self.ensure().await?;
         let dir = turn.dir;
@@ -314,8 +317,12 @@ impl ServeAgent {
                         }
                         for line in state.lines(&session, &ev, log) {
                             log.raw(&line);
+                            let steps = run.usage.steps;
                             if let Some(text) = run.ingest(&line) {
                                 log.line(&text);
+                            }
+                            if run.usage.steps != steps {
+                                on_step(&run.usage);
                             }
                         }
                         if state.finished {
