@@ -348,9 +348,9 @@ impl Worker {
         let alive: Vec<String> = workers
             .iter()
             .filter(|w| w.host == self.host && !w.stopped && process::pid_alive(w.pid))
-            .map(|w| w.id.replace([':', '/'], "_"))
+            .map(|w| crate::serve::server_file_name(&w.id))
             .collect();
-        let me = self.id.replace([':', '/'], "_");
+        let me = crate::serve::server_file_name(&self.id);
         crate::serve::kill_orphaned_servers(&self.home, |name| {
             name == me || alive.iter().any(|a| a == name)
         });

@@ -111,6 +111,11 @@ pub fn permission_rules(task: &Task) -> Value {
     Value::Array(rules)
 }
 
+/// The name of a worker's server file (`<home>/servers/<this>.json`).
+pub fn server_file_name(worker: &str) -> String {
+    worker.replace([':', '/'], "_")
+}
+
 impl ServeAgent {
     pub fn new(
         program: PathBuf,
@@ -118,7 +123,7 @@ impl ServeAgent {
         home: &queue::Home,
         worker: &str,
     ) -> Self {
-        let file = worker.replace([':', '/'], "_");
+        let file = server_file_name(worker);
         crate::notify::install_tls();
         ServeAgent {
             program,
