@@ -16,7 +16,7 @@ impl Drop for Mount {
 }
 
 #[test]
-#[ignore = "needs root to mount a tmpfs; .ci/run runs it: cargo test -p taskbridge-queue --test disk_full -- --ignored"]
+#[ignore = "needs root to mount a tmpfs; .ci/run runs it: cargo test --workspace --test disk_full -- --ignored"]
 fn a_full_disk_refuses_submits_and_keeps_what_was_stored() {
     let dir = tempfile::tempdir().unwrap();
     let mnt = dir.path().join("tiny");
