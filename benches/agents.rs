@@ -11,6 +11,8 @@
 //! prompt loads its providers).
 #![allow(clippy::unwrap_used, dead_code)]
 
+mod common;
+
 #[path = "../tests/support/mock_anthropic.rs"]
 mod mock_anthropic;
 
@@ -18,21 +20,6 @@ use mock_anthropic::{MockAnthropic, Turn};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn git(dir: &Path, args: &[&str]) {
-    let ok = Command::new("git")
-        .args(args)
-        .current_dir(dir)
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .env("GIT_AUTHOR_NAME", "b")
-        .env("GIT_AUTHOR_EMAIL", "b@b")
-        .env("GIT_COMMITTER_NAME", "b")
-        .env("GIT_COMMITTER_EMAIL", "b@b")
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok);
-}
 
 fn opencode() -> PathBuf {
     std::env::var_os("TASKBRIDGE_TEST_OPENCODE").map(PathBuf::from).unwrap_or_else(|| {
@@ -54,12 +41,7 @@ fn p50(v: &[f64]) -> f64 {
 
 fn measure(mode: &str, n: usize) -> Figures {
     let dir = tempfile::tempdir().unwrap();
-    let repo = dir.path().join("repo");
-    std::fs::create_dir(&repo).unwrap();
-    git(&repo, &["init", "-q", "-b", "main"]);
-    std::fs::write(repo.join("a.txt"), "a\n").unwrap();
-    git(&repo, &["add", "."]);
-    git(&repo, &["commit", "-qm", "init"]);
+    let repo = common::repo(dir.path(), "repo");
     let mock = MockAnthropic::spawn((0..=n).map(|_| Turn::text("Done.")).collect());
     let oc_home = dir.path().join("ochome");
     let home = queue::Home::resolve(Some(dir.path().join("home"))).unwrap();

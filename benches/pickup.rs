@@ -10,6 +10,8 @@
 //! shell script that runs `date`, which adds about a millisecond).
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -19,31 +21,11 @@ fn now_ns() -> u128 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos()
 }
 
-fn git(dir: &Path, args: &[&str]) {
-    let ok = Command::new("git")
-        .args(args)
-        .current_dir(dir)
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .env("GIT_AUTHOR_NAME", "b")
-        .env("GIT_AUTHOR_EMAIL", "b@b")
-        .env("GIT_COMMITTER_NAME", "b")
-        .env("GIT_COMMITTER_EMAIL", "b@b")
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok);
-}
-
 fn main() {
     let full = std::env::args().any(|a| a == "--bench");
     let n = if full { 1000 } else { 20 };
     let dir = tempfile::tempdir().unwrap();
-    let repo = dir.path().join("repo");
-    std::fs::create_dir(&repo).unwrap();
-    git(&repo, &["init", "-q", "-b", "main"]);
-    std::fs::write(repo.join("a.txt"), "a\n").unwrap();
-    git(&repo, &["add", "."]);
-    git(&repo, &["commit", "-qm", "init"]);
+    let repo = common::repo(dir.path(), "repo");
     let agent_log = dir.path().join("agent.log");
     let agent = dir.path().join("agent.sh");
     std::fs::write(
@@ -131,12 +113,7 @@ exec sleep 600
     let mut lat = Vec::with_capacity(n);
     for i in 0..n {
         // A repository and a home per round: task ids (and so branch names) start again at 1.
-        let repo = &dir.join(format!("recovery-repo-{i}"));
-        std::fs::create_dir(repo).unwrap();
-        git(repo, &["init", "-q", "-b", "main"]);
-        std::fs::write(repo.join("a.txt"), "a\n").unwrap();
-        git(repo, &["add", "."]);
-        git(repo, &["commit", "-qm", "init"]);
+        let repo = &common::repo(dir, &format!("recovery-repo-{i}"));
         let home = queue::Home::resolve(Some(dir.join(format!("recovery-{i}")))).unwrap();
         home.ensure().unwrap();
         let store = queue::Store::open(home.db_path()).unwrap();
