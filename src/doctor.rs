@@ -4,7 +4,7 @@
 
 use crate::Ctx;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// The OpenCode release TaskBridge is tested against.
@@ -35,47 +35,9 @@ fn fail(what: impl Into<String>, fix: impl Into<String>) -> Check {
 
 /// Runs `cmd` with a time limit (stdout and stderr captured), killing it if it overruns.
 fn run_limited(cmd: &mut Command, limit: Duration) -> Result<std::process::Output, String> {
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| e.to_string())?;
-    // Drain both pipes while waiting, so a chatty child cannot block on a full pipe.
-    let mut out_pipe = child.stdout.take();
-    let mut err_pipe = child.stderr.take();
-    let out = std::thread::spawn(move || {
-        let mut b = Vec::new();
-        if let Some(p) = out_pipe.as_mut() {
-            let _ = std::io::Read::read_to_end(p, &mut b);
-        }
-        b
-    });
-    let err = std::thread::spawn(move || {
-        let mut b = Vec::new();
-        if let Some(p) = err_pipe.as_mut() {
-            let _ = std::io::Read::read_to_end(p, &mut b);
-        }
-        b
-    });
-    let start = Instant::now();
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break status,
-            Ok(None) if start.elapsed() < limit => std::thread::sleep(Duration::from_millis(20)),
-            Ok(None) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!("no answer within {} s", limit.as_secs()));
-            }
-            Err(e) => return Err(e.to_string()),
-        }
-    };
-    Ok(std::process::Output {
-        status,
-        stdout: out.join().unwrap_or_default(),
-        stderr: err.join().unwrap_or_default(),
-    })
+    worker::process::output_within(cmd, limit)
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| format!("no answer within {} s", limit.as_secs()))
 }
 
 /// `program args`' stdout, or what went wrong.

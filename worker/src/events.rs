@@ -195,7 +195,8 @@ fn agent_error(err: &Value) -> AgentError {
     }
 }
 
-fn tool_call(part: &Value) -> ToolCall {
+/// The tool call a `tool` part describes (its target: the command, the path, ...).
+pub(crate) fn tool_call(part: &Value) -> ToolCall {
     let tool = part.get("tool").and_then(Value::as_str).unwrap_or("?").to_owned();
     let state = part.get("state").cloned().unwrap_or(Value::Null);
     let input = state.get("input").cloned().unwrap_or(Value::Null);

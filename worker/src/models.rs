@@ -4,7 +4,7 @@
 use crate::error::{Error, Result};
 use queue::Store;
 use std::path::Path;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 const CACHE_KEY: &str = "models_cache";
 const CACHE_TTL: Duration = Duration::from_secs(3600);
@@ -16,47 +16,18 @@ fn now_s() -> f64 {
 
 /// Runs `opencode models` and returns its `provider/model` lines.
 fn fetch(opencode: &Path) -> Result<Vec<String>> {
-    let mut child = std::process::Command::new(opencode)
-        .arg("models")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .map_err(|e| {
-            Error::Config(format!("could not run '{} models': {e}", opencode.display()))
-        })?;
-    // Read both pipes on their own threads so a chatty child never blocks on a full pipe.
-    let read = |pipe: Option<Box<dyn std::io::Read + Send>>| {
-        std::thread::spawn(move || {
-            let mut buf = Vec::new();
-            if let Some(mut p) = pipe {
-                let _ = p.read_to_end(&mut buf);
-            }
-            buf
-        })
-    };
-    let out = read(child.stdout.take().map(|p| Box::new(p) as _));
-    let err = read(child.stderr.take().map(|p| Box::new(p) as _));
-    let start = Instant::now();
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break status,
-            Ok(None) if start.elapsed() < LIST_TIMEOUT => {
-                std::thread::sleep(Duration::from_millis(20))
-            }
-            Ok(None) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(Error::Config(format!(
-                    "`opencode models` did not answer within {} s",
-                    LIST_TIMEOUT.as_secs()
-                )));
-            }
-            Err(e) => return Err(Error::io("waiting for `opencode models`", e)),
-        }
-    };
-    let stdout = out.join().unwrap_or_default();
-    let stderr = err.join().unwrap_or_default();
+    let out = crate::process::output_within(
+        std::process::Command::new(opencode).arg("models"),
+        LIST_TIMEOUT,
+    )
+    .map_err(|e| Error::Config(format!("could not run '{} models': {e}", opencode.display())))?
+    .ok_or_else(|| {
+        Error::Config(format!(
+            "`opencode models` did not answer within {} s",
+            LIST_TIMEOUT.as_secs()
+        ))
+    })?;
+    let (status, stdout, stderr) = (out.status, out.stdout, out.stderr);
     if !status.success() {
         return Err(Error::Config(format!(
             "`opencode models` failed: {}",

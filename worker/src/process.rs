@@ -69,6 +69,46 @@ pub fn kill_orphan(pid: i64, started: Option<&str>) -> bool {
     true
 }
 
+/// Runs `cmd` to the end with stdout and stderr captured, or kills it after `limit` (`Ok(None)`).
+/// Both pipes are read on threads of their own, so a chatty child never blocks on a full pipe.
+pub fn output_within(
+    cmd: &mut std::process::Command,
+    limit: Duration,
+) -> std::io::Result<Option<std::process::Output>> {
+    let mut child =
+        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
+    fn drain(
+        pipe: Option<impl std::io::Read + Send + 'static>,
+    ) -> std::thread::JoinHandle<Vec<u8>> {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut p) = pipe {
+                let _ = p.read_to_end(&mut buf);
+            }
+            buf
+        })
+    }
+    let out = drain(child.stdout.take());
+    let err = drain(child.stderr.take());
+    let start = std::time::Instant::now();
+    let status = loop {
+        match child.try_wait()? {
+            Some(status) => break status,
+            None if start.elapsed() < limit => std::thread::sleep(Duration::from_millis(20)),
+            None => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Ok(None);
+            }
+        }
+    };
+    Ok(Some(std::process::Output {
+        status,
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
+    }))
+}
+
 /// Kills `pid` and everything it started (its process groups and descendants).
 pub fn kill_group(pid: i32) {
     let mut tree = ProcessTree::new(pid);

@@ -403,16 +403,8 @@ impl TurnState {
                         Some("running") => {
                             let call = part["callID"].as_str().unwrap_or("").to_owned();
                             if self.running_tools.insert(call) {
-                                let input =
-                                    part.pointer("/state/input").cloned().unwrap_or(Value::Null);
-                                let target = ["command", "filePath", "path", "pattern", "url"]
-                                    .iter()
-                                    .find_map(|k| input.get(*k).and_then(Value::as_str))
-                                    .unwrap_or("");
-                                log.line(&format!(
-                                    "tool {}: {target} (running)",
-                                    part["tool"].as_str().unwrap_or("?")
-                                ));
+                                let t = crate::events::tool_call(part);
+                                log.line(&format!("tool {}: {} (running)", t.tool, t.target));
                             }
                             vec![]
                         }
