@@ -216,3 +216,48 @@ async fn restart_worker_starts_a_worker_configured_like_the_servers_own() {
     }
     panic!("the restarted worker never ran a task");
 }
+
+#[test]
+fn worker_settings_come_from_the_config_file_or_the_one_config_names() {
+    let env = Env::new();
+    write_config(&env, "[worker]\nconcurrency = 3\nopencode_mode = \"serve\"\n");
+    let alive = |env: &Env| -> Value {
+        let mut found = Value::Null;
+        assert!(eventually(Duration::from_secs(20), || {
+            let v: Value = serde_json::from_str(&env.ok(&["list-workers", "--json"])).unwrap();
+            found = v
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|w| w["stopped"] == false)
+                .cloned()
+                .unwrap_or_default();
+            !found.is_null()
+        }));
+        found
+    };
+    let mut w = env.start_worker_with(1, &[]);
+    // --concurrency 1 from the command line beats the file's 3; the mode comes from the file.
+    let first = alive(&env);
+    assert_eq!(
+        (first["concurrency"].as_i64(), first["agent"].as_str()),
+        (Some(1), Some("opencode serve"))
+    );
+    w.terminate();
+    // --config names another file, read instead of the default one.
+    let other = env.dir.path().join("other.toml");
+    std::fs::write(&other, "[worker]\nconcurrency = 4\nopencode_mode = \"run\"\n").unwrap();
+    let mut cmd = env.cmd();
+    cmd.args(["--config", other.to_str().unwrap(), "worker"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let _w = Child(cmd.spawn().unwrap());
+    assert!(eventually(Duration::from_secs(20), || {
+        let v: Value = serde_json::from_str(&env.ok(&["list-workers", "--json"])).unwrap();
+        v.as_array()
+            .unwrap()
+            .iter()
+            .any(|w| w["stopped"] == false && w["concurrency"] == 4 && w["agent"] == "opencode run")
+    }));
+}
