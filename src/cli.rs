@@ -72,7 +72,9 @@ pub enum Command {
     /// Add a note for the agent (`-` reads stdin).
     #[command(name = "add-note", visible_aliases = ["note", "add-task-note"])]
     Note { id: i64, text: String },
-    /// Answer a waiting task's question (`-` reads stdin); the task resumes its session.
+    /// Answer a waiting task (`-` reads stdin): free text or an option's label (several,
+    /// comma-separated); a permission with once, always, reject or "reject: <what instead>"; a
+    /// budget with continue, "continue 2.00" or stop. The task resumes its session.
     #[command(visible_alias = "answer-task")]
     Answer { id: i64, text: String },
     /// Set a task's priority (-100..=100, higher runs first).
@@ -208,6 +210,17 @@ pub struct SubmitArgs {
     /// Idempotency key: a second submit with the same key returns the first task.
     #[arg(long)]
     pub request_id: Option<String>,
+    /// Ask for approval instead of allowing: PERMISSION[:PATTERN], e.g. bash:'git push*',
+    /// external_directory, edit:'*.lock' (repeatable; the pattern defaults to every one).
+    #[arg(long = "ask", value_name = "PERMISSION[:PATTERN]")]
+    pub ask: Vec<String>,
+    /// Stop the agent once the task has spent this many US dollars; it then waits for
+    /// `answer ID continue` (or `continue 2.00`, or `stop`).
+    #[arg(long, value_name = "USD")]
+    pub max_cost_usd: Option<f64>,
+    /// The same for input plus output tokens.
+    #[arg(long, value_name = "N")]
+    pub max_tokens: Option<i64>,
     /// Print the whole task as JSON instead of its id.
     #[arg(long)]
     pub json: bool,

@@ -93,7 +93,7 @@ pub fn run(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode> {
             outln!("task {id}: note added");
         }
         Command::Answer { id, text } => {
-            let t = store.answer(TaskId(id), &read_arg(&text, "answer")?)?;
+            let t = store.answer(TaskId(id), &read_arg(&text, "answer")?, "cli")?;
             outln!("task {id}: answered; {} to resume its session", t.display_status);
         }
         Command::Priority { id, priority } => {
@@ -129,6 +129,15 @@ pub fn run(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode> {
                 outln!(
                     "default model: {}",
                     st.default_model.as_deref().unwrap_or("(OpenCode's own)")
+                );
+                let spend = &st.spend_today;
+                let by: Vec<String> =
+                    spend.cost_usd_by_status.iter().map(|(s, c)| format!("{s} ${c:.2}")).collect();
+                outln!(
+                    "spent today: ${:.2}, {} tokens{}",
+                    spend.cost_usd,
+                    spend.tokens,
+                    if by.is_empty() { String::new() } else { format!(" ({})", by.join(", ")) }
                 );
                 outln!("workers alive: {}", st.workers_alive);
                 for w in st.workers.iter().filter(|w| !w.stopped) {
@@ -238,6 +247,8 @@ fn submit(ctx: &Ctx, a: SubmitArgs) -> anyhow::Result<()> {
     spec.timeout_s = a.timeout;
     spec.question_timeout_s = a.question_timeout;
     spec.request_id = a.request_id;
+    spec.ask = a.ask;
+    spec.budget = queue::Budget { max_cost_usd: a.max_cost_usd, max_tokens: a.max_tokens };
     let (task, created, warnings) =
         worker::submit(&ctx.store, &ctx.cwd, &ctx.config.worker.opencode, req)?;
     if a.json {
@@ -361,6 +372,15 @@ fn print_task(t: &Task) {
     if !flags.is_empty() {
         outln!("  flags:     {}", flags.join(", "));
     }
+    if !t.ask_rules.is_empty() {
+        outln!("  asks:      {}", t.ask_rules.join(", "));
+    }
+    if let Some(c) = t.budget.max_cost_usd {
+        outln!("  budget:    ${c:.2}");
+    }
+    if let Some(n) = t.budget.max_tokens {
+        outln!("  budget:    {n} tokens");
+    }
     if !t.depends_on.is_empty() {
         let ids = |v: &[TaskId]| v.iter().map(|i| i.0.to_string()).collect::<Vec<_>>().join(", ");
         outln!("  after:     {} (waiting on: {})", ids(&t.depends_on), ids(&t.waiting_on));
@@ -375,13 +395,38 @@ fn print_task(t: &Task) {
         outln!("  session:   {s}");
     }
     if let Some(q) = &t.question {
-        outln!("  QUESTION:  {q}");
-        outln!("             answer with: taskbridge answer {} \"...\"", t.id.0);
+        let kind = match t.ask.as_ref().map(|a| a.kind) {
+            Some(queue::AskKind::Permission) => "PERMISSION",
+            Some(queue::AskKind::Budget) => "BUDGET",
+            _ => "QUESTION",
+        };
+        outln!("  {kind:<10} {q}");
+        for aq in t.ask.iter().flat_map(|a| &a.questions) {
+            if let Some(h) = &aq.header {
+                outln!(
+                    "             [{h}]{}",
+                    if aq.multiple { " (several may be chosen)" } else { "" }
+                );
+            }
+            for o in &aq.options {
+                match &o.description {
+                    Some(d) => outln!("             - {}: {d}", o.label),
+                    None => outln!("             - {}", o.label),
+                }
+            }
+        }
+        let hint = match t.ask.as_ref().map(|a| a.kind) {
+            Some(queue::AskKind::Permission) => "once|always|reject|\"reject: ...\"",
+            Some(queue::AskKind::Budget) => "continue|\"continue 2.00\"|stop",
+            _ => "\"...\"",
+        };
+        outln!("             answer with: taskbridge answer {} {hint}", t.id.0);
     }
     for (i, q) in t.questions.iter().enumerate() {
         if q.answer.is_some() {
+            let by = q.answered_by.as_deref().map(|b| format!(" (by {b})")).unwrap_or_default();
             outln!(
-                "  Q{}: {}\n  A{}: {}",
+                "  Q{}: {}\n  A{}: {}{by}",
                 i + 1,
                 q.question,
                 i + 1,

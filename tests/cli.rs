@@ -16,7 +16,10 @@ fn stderr_of(env: &Env, args: &[&str]) -> String {
 
 #[test]
 fn submit_list_show_and_the_json_forms() {
-    let env = Env::new();
+    // The model named below is checked against what the pinned OpenCode offers: the mock's
+    // config gives it the anthropic provider, whatever is on this machine's PATH.
+    let mock = support::mock_anthropic::MockAnthropic::spawn(vec![]);
+    let env = Env::new().with_mock(&mock);
     let a = env.submit(&["Write the docs", "--title", "docs", "--priority", "-3", "--readonly"]);
     let b = env.submit(&[
         "Then the tests",

@@ -11,19 +11,6 @@ use std::process::{Command, Stdio};
 use support::mock_anthropic::{MockAnthropic, Turn};
 use support::*;
 
-fn python() -> PathBuf {
-    if let Some(p) = std::env::var_os("TASKBRIDGE_TEST_PYTHON") {
-        return PathBuf::from(p);
-    }
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
-    assert!(
-        p.exists(),
-        "the Python MCP SDK is not installed: run `python3 -m venv .venv && .venv/bin/pip install \
-         mcp==1.30.0` (what .ci/run does) or set TASKBRIDGE_TEST_PYTHON"
-    );
-    p
-}
-
 fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/test_mcp.py")
 }

@@ -67,7 +67,10 @@ fn start_tui_with(env: &Env, args: &str, width: u32, extra: &[(&str, &str)]) -> 
     text.push_str(&format!("cd '{}'\nexec '{}' tui {args}\n", env.repo.display(), bin().display()));
     std::fs::write(&script, text).unwrap();
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let tmux = Tmux { socket: format!("tb-test-{}-{width}", std::process::id()) };
+    // One tmux server per test: tests run in parallel in this process.
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmux = Tmux { socket: format!("tb-test-{}-{width}-{n}", std::process::id()) };
     let w = width.to_string();
     let out = tmux.cmd(&[
         "new-session",
@@ -343,4 +346,51 @@ fn the_default_tui_runs_tasks_and_every_key_reaches_the_queue() {
     let t = env.show(slow);
     assert_eq!(t["status"], "queued", "released, not lost: {t:#}");
     assert_eq!(t["attempts"], 0, "a shutdown does not use an attempt");
+}
+
+/// A native question (OpenCode's own `question` tool, on a warm `opencode serve`) answered by
+/// picking its second option from the list: the agent's blocked tool call gets the label.
+#[test]
+fn the_tui_answers_a_native_question_by_picking_an_option() {
+    let env = Env::new();
+    let mock = MockAnthropic::spawn(vec![
+        Turn::tool(
+            "question",
+            serde_json::json!({"questions": [{
+                "question": "Which colour should the banner be?",
+                "header": "Banner colour",
+                "options": [
+                    {"label": "red", "description": "Warm and loud"},
+                    {"label": "blue", "description": "Calm"},
+                ],
+            }]}),
+        ),
+        Turn::text(
+            "Done.\n```taskbridge-result\n{\"summary\": \"Picked.\", \"tests_run\": []}\n```",
+        ),
+    ]);
+    let env = env.with_mock(&mock);
+    let id = env.submit(&["Add a banner", "--title", "banner task"]);
+    let _worker = env.start_worker_with(1, &["--opencode", "serve"]);
+    env.wait_status(id, "waiting", Duration::from_secs(120));
+
+    let tmux = start_tui(&env, "--no-http --no-worker", 120);
+    tmux.wait_for("banner task");
+    tmux.keys(&["Q"]);
+    let screen = tmux.wait_for("Which colour should the banner be?");
+    assert!(screen.contains("- blue: Calm"), "the pane lists the options:\n{screen}");
+    tmux.keys(&["a"]);
+    let screen = tmux.wait_for("Banner colour");
+    assert!(screen.contains("> red"), "the first option is highlighted:\n{screen}");
+    assert!(screen.contains("Type my own answer"), "free text is offered:\n{screen}");
+    tmux.keys(&["j"]);
+    tmux.wait_for("> blue");
+    tmux.keys(&["Enter"]);
+    tmux.wait_for("answered");
+    let t = env.wait_status(id, "done", Duration::from_secs(120));
+    assert_eq!(t["questions"][0]["answer"], "blue");
+    assert_eq!(t["questions"][0]["answered_by"], "tui");
+    let last = mock.requests().last().unwrap().clone();
+    let sent = last["messages"].as_array().unwrap().last().unwrap().to_string();
+    assert!(sent.contains("tool_result") && sent.contains("blue"), "{sent}");
 }

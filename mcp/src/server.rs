@@ -282,6 +282,7 @@ pub(crate) fn result_json(task: &Task, max_diff_bytes: usize) -> Value {
         "branch": r.branch.or(task.branch.clone()),
         "commit": r.commit,
         "permissions": r.permissions,
+        "permission_requests": r.permission_requests,
         "reverted_files": r.reverted_files,
         "error": task.error,
         "note": if task.status == TaskStatus::Running && task.result.is_some() {

@@ -66,6 +66,18 @@ pub struct SubmitTaskArgs {
     /// Idempotency key: submitting again with the same key returns the first task.
     #[serde(default)]
     pub request_id: Option<String>,
+    /// Permission requests that wait for an answer (from Claude or a person) instead of being
+    /// allowed: each "PERMISSION[:PATTERN]", e.g. "bash:git push*", "external_directory",
+    /// "edit:*.lock". The task waits with a question of kind permission when one matches.
+    #[serde(default)]
+    pub ask: Vec<String>,
+    /// Stop the agent when the task's spend passes this many US dollars; the task then waits
+    /// with a question of kind budget (answer continue, continue <new limit>, or stop).
+    #[serde(default)]
+    pub max_cost_usd: Option<f64>,
+    /// The same for input plus output tokens.
+    #[serde(default)]
+    pub max_tokens: Option<i64>,
 }
 
 /// A dependency inside a batch: a task id, or "#N" for item N of the same batch.
@@ -112,6 +124,18 @@ pub struct BatchItem {
     pub question_timeout_s: Option<i64>,
     #[serde(default)]
     pub request_id: Option<String>,
+    /// Permission requests that wait for an answer (from Claude or a person) instead of being
+    /// allowed: each "PERMISSION[:PATTERN]", e.g. "bash:git push*", "external_directory",
+    /// "edit:*.lock". The task waits with a question of kind permission when one matches.
+    #[serde(default)]
+    pub ask: Vec<String>,
+    /// Stop the agent when the task's spend passes this many US dollars; the task then waits
+    /// with a question of kind budget (answer continue, continue <new limit>, or stop).
+    #[serde(default)]
+    pub max_cost_usd: Option<f64>,
+    /// The same for input plus output tokens.
+    #[serde(default)]
+    pub max_tokens: Option<i64>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -119,6 +143,13 @@ pub struct BatchItem {
 pub struct SubmitBatchArgs {
     /// 1 to 20 tasks, created all or none.
     pub tasks: Vec<BatchItem>,
+    /// One budget in US dollars shared by the batch's tasks: when their spend together passes
+    /// it, the task that passed it waits with a question of kind budget.
+    #[serde(default)]
+    pub max_cost_usd: Option<f64>,
+    /// The same for input plus output tokens.
+    #[serde(default)]
+    pub max_tokens: Option<i64>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -176,8 +207,28 @@ pub struct WaitForArgs {
 pub struct AnswerArgs {
     /// The task's id (an integer, as submit_task returned it).
     pub task_id: i64,
-    /// The decision the agent asked for.
-    pub answer: String,
+    /// The decision: free text, an option's label, several labels (an array, or one string
+    /// separated by commas) when the question allows several; for a permission once, always,
+    /// reject or "reject: <what to do instead>"; for a budget continue, "continue 2.00" or stop.
+    pub answer: AnswerValue,
+}
+
+/// Inlined in the schema: some clients do not follow `$ref`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(untagged)]
+#[schemars(inline)]
+pub enum AnswerValue {
+    Text(String),
+    Labels(Vec<String>),
+}
+
+impl AnswerValue {
+    fn text(self) -> String {
+        match self {
+            AnswerValue::Text(t) => t,
+            AnswerValue::Labels(l) => l.join(", "),
+        }
+    }
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -267,6 +318,9 @@ impl SubmitTaskArgs {
             timeout_s: self.timeout_s,
             question_timeout_s: self.question_timeout_s,
             request_id: self.request_id,
+            ask: self.ask,
+            max_cost_usd: self.max_cost_usd,
+            max_tokens: self.max_tokens,
         };
         item.into_request(tb, 0)
     }
@@ -317,6 +371,9 @@ impl BatchItem {
         spec.timeout_s = self.timeout_s.unwrap_or(queue::DEFAULT_TIMEOUT_S);
         spec.question_timeout_s = self.question_timeout_s;
         spec.request_id = self.request_id;
+        spec.ask = self.ask;
+        spec.budget =
+            queue::Budget { max_cost_usd: self.max_cost_usd, max_tokens: self.max_tokens };
         Ok(req)
     }
 }
@@ -370,7 +427,8 @@ impl TaskBridge {
             }
         }
         let (cwd, opencode) = (self.cwd().to_path_buf(), self.opencode());
-        match self.blocking(move |s| worker::submit_batch(s, &cwd, &opencode, reqs)).await {
+        let shared = queue::Budget { max_cost_usd: args.max_cost_usd, max_tokens: args.max_tokens };
+        match self.blocking(move |s| worker::submit_batch(s, &cwd, &opencode, reqs, shared)).await {
             Ok(out) => ok(json!({
                 "tasks": out.tasks.iter().map(|(t, created)| {
                     let mut v = self.task_json(t, false);
@@ -502,6 +560,7 @@ impl TaskBridge {
                         "status": t.display_status,
                         "title": t.title,
                         "question": t.question,
+                        "ask": t.ask,
                         "error": t.error,
                     })).collect::<Vec<_>>(),
                 }));
@@ -510,11 +569,21 @@ impl TaskBridge {
         }
     }
 
-    /// Answer a waiting task's question. The task is requeued and the same OpenCode session
-    /// resumes with the answer in context.
+    /// Answer a waiting task's question, permission request or budget stop (its `ask` says
+    /// which, with the options or choices). The agent gets the answer in the same session: as
+    /// the result of its blocked tool call when it is still waiting on it.
     #[tool(annotations(title = "Answer a question", read_only_hint = false))]
-    async fn answer_task(&self, Parameters(args): Parameters<AnswerArgs>) -> ToolResult {
-        match self.blocking(move |s| Ok(s.answer(TaskId(args.task_id), &args.answer)?)).await {
+    async fn answer_task(
+        &self,
+        Parameters(args): Parameters<AnswerArgs>,
+        ctx: rmcp::service::RequestContext<rmcp::RoleServer>,
+    ) -> ToolResult {
+        let by = match ctx.peer.peer_info() {
+            Some(info) => format!("mcp:{}", info.client_info.name),
+            None => "mcp".to_owned(),
+        };
+        let answer = args.answer.text();
+        match self.blocking(move |s| Ok(s.answer(TaskId(args.task_id), &answer, &by)?)).await {
             Ok(task) => ok(self.task_json(&task, true)),
             Err(e) => self.fail(e),
         }

@@ -188,6 +188,7 @@ async fn wait_for_wakes_on_change_and_answer_task_requeues() {
                     question: "Red or blue?".into(),
                     session_id: "ses_x".into(),
                     result: None,
+                    ask: None,
                 },
             )
             .unwrap();

@@ -158,6 +158,378 @@ pub struct TaskSpec {
     pub timeout_s: i64,
     pub question_timeout_s: Option<i64>,
     pub request_id: Option<String>,
+    /// Permission requests that wait for an answer instead of being allowed or denied, each
+    /// `PERMISSION[:PATTERN]` (see [`parse_ask_rule`]).
+    pub ask: Vec<String>,
+    pub budget: Budget,
+}
+
+/// A spending limit: the agent is interrupted when its spend passes either.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Budget {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_cost_usd: Option<f64>,
+    /// Input plus output tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<i64>,
+}
+
+impl Budget {
+    pub fn is_set(&self) -> bool {
+        self.max_cost_usd.is_some() || self.max_tokens.is_some()
+    }
+}
+
+/// The permissions OpenCode asks about; an `ask` rule must name one of them (or `*`).
+pub const PERMISSIONS: &[&str] = &[
+    "*",
+    "read",
+    "edit",
+    "glob",
+    "grep",
+    "list",
+    "bash",
+    "task",
+    "external_directory",
+    "todowrite",
+    "todoread",
+    "webfetch",
+    "websearch",
+    "codesearch",
+    "lsp",
+    "skill",
+    "doom_loop",
+];
+
+/// `PERMISSION[:PATTERN]` as (permission, pattern); the pattern defaults to `*`.
+pub fn parse_ask_rule(rule: &str) -> Result<(String, String), String> {
+    let (perm, pattern) = match rule.split_once(':') {
+        Some((p, pat)) => (p.trim(), pat.trim()),
+        None => (rule.trim(), "*"),
+    };
+    if !PERMISSIONS.contains(&perm) {
+        return Err(format!(
+            "'{rule}' names no permission; write PERMISSION[:PATTERN] with one of {} (for \
+             example bash:'git push*' or external_directory)",
+            PERMISSIONS[1..].join(", ")
+        ));
+    }
+    if pattern.is_empty() {
+        return Err(format!("'{rule}' has an empty pattern; leave out ':' to mean every one"));
+    }
+    Ok((perm.to_owned(), pattern.to_owned()))
+}
+
+/// A task's budgets as they stand, for the worker that checks its spend.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BudgetState {
+    pub own: Budget,
+    pub batch: Option<BatchBudget>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BatchBudget {
+    pub budget: Budget,
+    /// What the batch's other tasks have spent (their recorded usage).
+    pub others_cost_usd: f64,
+    pub others_tokens: i64,
+}
+
+impl BudgetState {
+    /// The first budget that `cost_usd` and `tokens` (this task's spend) pass, if any.
+    pub fn passed(&self, cost_usd: f64, tokens: i64) -> Option<BudgetStop> {
+        let own = (self.own, 0.0, 0, "task");
+        let batch =
+            self.batch.as_ref().map(|b| (b.budget, b.others_cost_usd, b.others_tokens, "batch"));
+        for (budget, other_cost, other_tokens, scope) in std::iter::once(own).chain(batch) {
+            if let Some(max) = budget.max_cost_usd
+                && cost_usd + other_cost > max
+            {
+                return Some(BudgetStop {
+                    limit: "cost".into(),
+                    scope: scope.into(),
+                    spent: cost_usd + other_cost,
+                    max,
+                    original: max,
+                });
+            }
+            if let Some(max) = budget.max_tokens
+                && tokens + other_tokens > max
+            {
+                return Some(BudgetStop {
+                    limit: "tokens".into(),
+                    scope: scope.into(),
+                    spent: (tokens + other_tokens) as f64,
+                    max: max as f64,
+                    original: max as f64,
+                });
+            }
+        }
+        None
+    }
+}
+
+/// What a waiting task waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AskKind {
+    /// The agent asked (its own question tool, or the prompt-level block).
+    Question,
+    /// The agent wants to do something a rule says needs approval.
+    Permission,
+    /// The agent's spend passed its budget.
+    Budget,
+}
+
+/// One of the agent's structured questions.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AgentQuestion {
+    pub question: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub header: Option<String>,
+    #[serde(default)]
+    pub options: Vec<QuestionOption>,
+    /// Several options may be chosen.
+    #[serde(default)]
+    pub multiple: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QuestionOption {
+    pub label: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+}
+
+/// A permission the agent asked for.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PermissionAsk {
+    pub permission: String,
+    pub patterns: Vec<String>,
+    /// The command or path, from the request's metadata.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+    /// What `always` approves from now on (the agent's own suggestion, e.g. `git push *`).
+    #[serde(default)]
+    pub always: Vec<String>,
+}
+
+/// A budget the agent's spend passed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BudgetStop {
+    /// `cost` (USD) or `tokens`.
+    pub limit: String,
+    /// `task`, or `batch` when the budget is shared by a batch's tasks.
+    pub scope: String,
+    pub spent: f64,
+    pub max: f64,
+    /// The budget as first given: `continue` raises the limit by this much.
+    pub original: f64,
+}
+
+/// The decision a waiting task needs, structured for clients that offer choices.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Ask {
+    pub kind: AskKind,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub questions: Vec<AgentQuestion>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub permission: Option<PermissionAsk>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<BudgetStop>,
+    /// The answers that are accepted, when not free text.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub choices: Vec<String>,
+    /// The agent's own request id, while the agent is blocked on it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
+}
+
+/// An answer, read against the decision it answers.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Answer {
+    /// Per question, the chosen labels or one free text.
+    Question(Vec<Vec<String>>),
+    PermissionOnce,
+    PermissionAlways,
+    PermissionReject {
+        feedback: Option<String>,
+    },
+    /// `continue` (None: raise by the original amount) or `continue X`.
+    BudgetContinue(Option<f64>),
+    BudgetStop,
+}
+
+impl Ask {
+    pub fn question(questions: Vec<AgentQuestion>) -> Ask {
+        Ask {
+            kind: AskKind::Question,
+            questions,
+            permission: None,
+            budget: None,
+            choices: vec![],
+            request_id: None,
+        }
+    }
+
+    pub fn permission(p: PermissionAsk) -> Ask {
+        Ask {
+            kind: AskKind::Permission,
+            questions: vec![],
+            permission: Some(p),
+            budget: None,
+            choices: vec!["once".into(), "always".into(), "reject".into()],
+            request_id: None,
+        }
+    }
+
+    pub fn budget(b: BudgetStop) -> Ask {
+        Ask {
+            kind: AskKind::Budget,
+            questions: vec![],
+            permission: None,
+            budget: Some(b),
+            choices: vec!["continue".into(), "stop".into()],
+            request_id: None,
+        }
+    }
+
+    /// The decision in one readable text (the task's `question`).
+    pub fn text(&self) -> String {
+        match self.kind {
+            AskKind::Question => {
+                let mut out = String::new();
+                for q in &self.questions {
+                    if !out.is_empty() {
+                        out.push('\n');
+                    }
+                    out.push_str(&q.question);
+                    if !q.options.is_empty() {
+                        let labels: Vec<&str> =
+                            q.options.iter().map(|o| o.label.as_str()).collect();
+                        let how = if q.multiple { "one or more of" } else { "one of" };
+                        out.push_str(&format!(" ({how}: {})", labels.join(", ")));
+                    }
+                }
+                out
+            }
+            AskKind::Permission => {
+                let p = self.permission.as_ref();
+                let perm = p.map(|p| p.permission.as_str()).unwrap_or("?");
+                let what = p
+                    .and_then(|p| p.target.clone())
+                    .unwrap_or_else(|| p.map(|p| p.patterns.join(", ")).unwrap_or_default());
+                format!(
+                    "permission to {perm}: {what} (answer once, always, reject, or reject: \
+                     <what to do instead>)"
+                )
+            }
+            AskKind::Budget => match &self.budget {
+                Some(b) if b.limit == "cost" => format!(
+                    "spent ${:.2} of ${:.2} ({} budget); answer continue, continue <new limit \
+                     in USD>, or stop",
+                    b.spent, b.max, b.scope
+                ),
+                Some(b) => format!(
+                    "used {} of {} tokens ({} budget); answer continue, continue <new limit>, \
+                     or stop",
+                    b.spent, b.max, b.scope
+                ),
+                None => "budget reached; answer continue or stop".into(),
+            },
+        }
+    }
+
+    /// Reads `answer`, or says what an answer to this decision must look like.
+    pub fn parse_answer(&self, answer: &str) -> Result<Answer, String> {
+        let a = answer.trim();
+        match self.kind {
+            AskKind::Question => Ok(Answer::Question(self.question_answers(a))),
+            AskKind::Permission => {
+                let lower = a.to_ascii_lowercase();
+                match lower.as_str() {
+                    "once" | "allow" | "yes" => Ok(Answer::PermissionOnce),
+                    "always" => Ok(Answer::PermissionAlways),
+                    "reject" | "no" | "deny" => Ok(Answer::PermissionReject { feedback: None }),
+                    _ if lower.starts_with("reject:") => {
+                        let text = a["reject:".len()..].trim();
+                        Ok(Answer::PermissionReject {
+                            feedback: (!text.is_empty()).then(|| text.to_owned()),
+                        })
+                    }
+                    _ => Err(format!(
+                        "'{a}' is not an answer to a permission request; answer once (allow \
+                         this one), always (allow it for the rest of this task), reject (stop \
+                         the turn) or reject: <what to do instead>"
+                    )),
+                }
+            }
+            AskKind::Budget => {
+                let lower = a.to_ascii_lowercase();
+                if lower == "stop" {
+                    return Ok(Answer::BudgetStop);
+                }
+                let Some(rest) = lower.strip_prefix("continue") else {
+                    return Err(format!(
+                        "'{a}' is not an answer to a budget stop; answer continue (raise the \
+                         limit by the original amount), continue <new limit> or stop"
+                    ));
+                };
+                let rest = rest.trim().trim_start_matches('$');
+                if rest.is_empty() {
+                    return Ok(Answer::BudgetContinue(None));
+                }
+                let new: f64 = rest.parse().map_err(|_| {
+                    format!("'{rest}' is not a number; write continue 2.00 to set a new limit")
+                })?;
+                let spent = self.budget.as_ref().map(|b| b.spent).unwrap_or(0.0);
+                if new <= spent {
+                    return Err(format!(
+                        "a limit of {new} is not above what is already spent ({spent}); give \
+                         a higher one, or answer stop"
+                    ));
+                }
+                Ok(Answer::BudgetContinue(Some(new)))
+            }
+        }
+    }
+
+    /// Per question: the labels the answer names (a label, or several separated by commas when
+    /// several may be chosen), else the answer as free text. With several questions, each line
+    /// answers the next one.
+    fn question_answers(&self, answer: &str) -> Vec<Vec<String>> {
+        if self.questions.is_empty() {
+            return vec![vec![answer.to_owned()]];
+        }
+        let lines: Vec<&str> = if self.questions.len() > 1 {
+            answer.lines().map(str::trim).filter(|l| !l.is_empty()).collect()
+        } else {
+            vec![answer]
+        };
+        self.questions
+            .iter()
+            .enumerate()
+            .map(|(i, q)| {
+                let line = lines.get(i).copied().unwrap_or("").trim();
+                let label = |s: &str| {
+                    q.options
+                        .iter()
+                        .find(|o| o.label.eq_ignore_ascii_case(s.trim()))
+                        .map(|o| o.label.clone())
+                };
+                if let Some(l) = label(line) {
+                    return vec![l];
+                }
+                if q.multiple {
+                    let parts: Option<Vec<String>> = line.split(',').map(label).collect();
+                    if let Some(parts) = parts.filter(|p| !p.is_empty()) {
+                        return parts;
+                    }
+                }
+                vec![line.to_owned()]
+            })
+            .collect()
+    }
 }
 
 impl TaskSpec {
@@ -183,6 +555,8 @@ impl TaskSpec {
             timeout_s: DEFAULT_TIMEOUT_S,
             question_timeout_s: None,
             request_id: None,
+            ask: Vec::new(),
+            budget: Budget::default(),
         }
     }
 }
@@ -201,6 +575,12 @@ pub struct QuestionRound {
     pub asked_at: f64,
     pub answer: Option<String>,
     pub answered_at: Option<f64>,
+    /// The structured decision (absent for a prompt-level question).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ask: Option<Ask>,
+    /// Who answered: `mcp` (with the client's name), `cli`, `tui`, or `rule` for an `always`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub answered_by: Option<String>,
 }
 
 /// A task as stored, plus what is derived from its dependencies. This is also the stable `--json`
@@ -230,8 +610,20 @@ pub struct Task {
     /// `blocked` for a queued task with unfinished dependencies, else `status`.
     pub display_status: String,
     pub question: Option<String>,
+    /// The pending decision, structured, while the task is waiting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ask: Option<Ask>,
     pub questions: Vec<QuestionRound>,
     pub notes: Vec<Note>,
+    /// Permission requests that wait for an answer (`PERMISSION[:PATTERN]`).
+    #[serde(default)]
+    pub ask_rules: Vec<String>,
+    /// The task's own budget (raised by a `continue`).
+    #[serde(default)]
+    pub budget: Budget,
+    /// The batch budget this task shares, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_group: Option<i64>,
     pub session_id: Option<String>,
     pub result: Option<serde_json::Value>,
     pub error: Option<String>,
@@ -271,6 +663,8 @@ pub struct Claim {
 pub struct Resume {
     pub session_id: String,
     pub answer: String,
+    /// The structured decision that was answered (`None`: a prompt-level question).
+    pub ask: Option<Ask>,
 }
 
 /// How a run ended, as reported by the worker holding the lease.
@@ -294,6 +688,9 @@ pub enum Outcome {
         question: String,
         session_id: String,
         result: Option<serde_json::Value>,
+        /// The structured decision; with a `request_id`, the agent is blocked on it in this
+        /// worker's server, and only this worker resumes the task while it lives.
+        ask: Option<Box<Ask>>,
     },
     Cancelled {
         result: Option<serde_json::Value>,
@@ -345,6 +742,17 @@ pub struct QueueStatus {
     pub workers: Vec<WorkerInfo>,
     pub workers_alive: usize,
     pub default_model: Option<String>,
+    /// What tasks active today (local time) have spent, in all and per state.
+    #[serde(default)]
+    pub spend_today: Spend,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Spend {
+    pub cost_usd: f64,
+    /// Input plus output tokens.
+    pub tokens: i64,
+    pub cost_usd_by_status: std::collections::BTreeMap<String, f64>,
 }
 
 /// A light projection of a task for long lists (the TUI's queue): no prompt, notes or result.
@@ -363,6 +771,8 @@ pub struct TaskRow {
     pub question: Option<String>,
     /// Unfinished dependencies: non-empty on a queued task means it is blocked.
     pub waiting_on: Vec<TaskId>,
+    /// The pending decision, structured, while the task waits.
+    pub ask: Option<Box<Ask>>,
 }
 
 impl TaskRow {
@@ -396,6 +806,67 @@ mod tests {
                 assert_eq!(allowed, expected, "{from} -> {to}");
             }
         }
+    }
+
+    #[test]
+    fn an_answer_picks_labels_or_is_free_text() {
+        let opt = |l: &str| QuestionOption { label: l.into(), description: None };
+        let q = |multiple| AgentQuestion {
+            question: "Which?".into(),
+            header: None,
+            options: vec![opt("Red"), opt("Blue"), opt("Green")],
+            multiple,
+        };
+        let one = Ask::question(vec![q(false)]);
+        assert_eq!(one.parse_answer(" blue "), Ok(Answer::Question(vec![vec!["Blue".into()]])));
+        assert_eq!(
+            one.parse_answer("red, blue"),
+            Ok(Answer::Question(vec![vec!["red, blue".into()]])),
+            "one choice only: the text as it is"
+        );
+        let several = Ask::question(vec![q(true)]);
+        assert_eq!(
+            several.parse_answer("red, green"),
+            Ok(Answer::Question(vec![vec!["Red".into(), "Green".into()]]))
+        );
+        assert_eq!(
+            several.parse_answer("red and a bit of teal"),
+            Ok(Answer::Question(vec![vec!["red and a bit of teal".into()]]))
+        );
+        let two = Ask::question(vec![q(false), q(true)]);
+        assert_eq!(
+            two.parse_answer("green\nblue, red"),
+            Ok(Answer::Question(vec![vec!["Green".into()], vec!["Blue".into(), "Red".into()]]))
+        );
+    }
+
+    #[test]
+    fn permission_and_budget_answers_take_their_words_only() {
+        let p = Ask::permission(PermissionAsk {
+            permission: "bash".into(),
+            patterns: vec!["x".into()],
+            target: None,
+            always: vec![],
+        });
+        assert_eq!(p.parse_answer("ONCE"), Ok(Answer::PermissionOnce));
+        assert_eq!(p.parse_answer("reject:"), Ok(Answer::PermissionReject { feedback: None }));
+        assert_eq!(
+            p.parse_answer("reject: not on main"),
+            Ok(Answer::PermissionReject { feedback: Some("not on main".into()) })
+        );
+        assert!(p.parse_answer("ok").is_err());
+        let b = Ask::budget(BudgetStop {
+            limit: "tokens".into(),
+            scope: "task".into(),
+            spent: 120.0,
+            max: 100.0,
+            original: 100.0,
+        });
+        assert_eq!(b.parse_answer("continue"), Ok(Answer::BudgetContinue(None)));
+        assert_eq!(b.parse_answer("continue 500"), Ok(Answer::BudgetContinue(Some(500.0))));
+        assert!(b.parse_answer("continue lots").unwrap_err().contains("not a number"));
+        assert!(b.parse_answer("continue 100").unwrap_err().contains("already spent"));
+        assert_eq!(b.parse_answer("Stop"), Ok(Answer::BudgetStop));
     }
 
     #[test]

@@ -13,12 +13,16 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0001_init.sql"),
     include_str!("../migrations/0002_claude_jobs.sql"),
     include_str!("../migrations/0003_worker_agent.sql"),
+    include_str!("../migrations/0004_decisions.sql"),
 ];
 
 /// A worker with no heartbeat for this long is reported as stale.
 pub const WORKER_STALE_AFTER_S: f64 = 30.0;
 
 type Listener = Arc<dyn Fn() + Send + Sync>;
+
+/// id, fencing token, session, pending answer, pending decision.
+type ClaimedRow = Option<(i64, i64, Option<String>, Option<String>, Option<String>)>;
 
 /// A handle on the queue database. Cheap to share behind an `Arc`; every method takes `&self` and
 /// serialises on one connection, which is what SQLite does with writers anyway.
@@ -34,7 +38,8 @@ pub struct Store {
 const TASK_COLUMNS: &str = "id, title, prompt, repo, base, priority, model, agent, readonly, \
     no_network, no_shell, worktree_keep, max_attempts, timeout_s, question_timeout_s, request_id, \
     status, question, session_id, result, error, attempts, worker, lease_until, cancel_requested, \
-    branch, worktree, created_at, started_at, finished_at, updated_at, not_before";
+    branch, worktree, created_at, started_at, finished_at, updated_at, not_before, ask, ask_rules, \
+    max_cost_usd, max_tokens, budget_group";
 
 /// Short, fixed sleeps between retries keep several writer processes fair; SQLite's default
 /// handler backs off to 100 ms sleeps, and a process deep in back-off starves while the others
@@ -66,6 +71,19 @@ fn task_from_row(row: &Row<'_>) -> rusqlite::Result<Task> {
         })?),
         None => None,
     };
+    let json_col = |i: usize| -> rusqlite::Result<Option<serde_json::Value>> {
+        match row.get::<_, Option<String>>(i)? {
+            Some(text) => Ok(serde_json::from_str(&text).ok()),
+            None => Ok(None),
+        }
+    };
+    // The decision is shown only while it is pending; after the answer it waits for the claim
+    // that delivers it.
+    let ask = match status {
+        TaskStatus::Waiting => json_col(32)?.and_then(|v| serde_json::from_value(v).ok()),
+        _ => None,
+    };
+    let ask_rules = json_col(33)?.and_then(|v| serde_json::from_value(v).ok()).unwrap_or_default();
     Ok(Task {
         id: TaskId(row.get(0)?),
         title: row.get(1)?,
@@ -88,8 +106,12 @@ fn task_from_row(row: &Row<'_>) -> rusqlite::Result<Task> {
         status,
         display_status: status.as_str().to_owned(),
         question: row.get(17)?,
+        ask,
         questions: Vec::new(),
         notes: Vec::new(),
+        ask_rules,
+        budget: Budget { max_cost_usd: row.get(34)?, max_tokens: row.get(35)? },
+        budget_group: row.get(36)?,
         session_id: row.get(18)?,
         result,
         error: row.get(20)?,
@@ -187,6 +209,29 @@ fn validate(spec: &TaskSpec) -> Result<()> {
         && (key.is_empty() || key.len() > 200)
     {
         return Err(Error::invalid("request_id", "use 1 to 200 characters"));
+    }
+    for rule in &spec.ask {
+        parse_ask_rule(rule).map_err(|e| Error::invalid("ask", e))?;
+    }
+    validate_budget(&spec.budget)
+}
+
+fn validate_budget(b: &Budget) -> Result<()> {
+    if let Some(c) = b.max_cost_usd
+        && !(c > 0.0 && c.is_finite())
+    {
+        return Err(Error::invalid(
+            "max_cost_usd",
+            format!("{c} is not a positive amount of US dollars, e.g. 0.50"),
+        ));
+    }
+    if let Some(t) = b.max_tokens
+        && t < 1
+    {
+        return Err(Error::invalid(
+            "max_tokens",
+            format!("{t} is not a positive number of tokens"),
+        ));
     }
     Ok(())
 }
@@ -350,6 +395,17 @@ impl Store {
     /// Submits several tasks at once, all or none. Items may depend on each other by index
     /// (`DepRef::Batch`); a cycle is refused.
     pub fn submit_batch(&self, specs: Vec<TaskSpec>) -> Result<Vec<(Task, bool)>> {
+        self.submit_batch_budgeted(specs, Budget::default())
+    }
+
+    /// [`Store::submit_batch`] with one budget shared by the batch's new tasks (each may also
+    /// have its own).
+    pub fn submit_batch_budgeted(
+        &self,
+        specs: Vec<TaskSpec>,
+        shared: Budget,
+    ) -> Result<Vec<(Task, bool)>> {
+        validate_budget(&shared)?;
         if specs.is_empty() {
             return Err(Error::invalid("tasks", "the batch is empty; give 1 to 20 tasks"));
         }
@@ -376,6 +432,15 @@ impl Store {
         }
         let ids = self.write(|tx, now| {
             let mut ids: Vec<(TaskId, bool)> = Vec::with_capacity(specs.len());
+            let group: Option<i64> = if shared.is_set() {
+                tx.execute(
+                    "INSERT INTO budgets (max_cost_usd, max_tokens, created_at) VALUES (?1, ?2, ?3)",
+                    params![shared.max_cost_usd, shared.max_tokens, now],
+                )?;
+                Some(tx.last_insert_rowid())
+            } else {
+                None
+            };
             for spec in &specs {
                 if let Some(key) = &spec.request_id {
                     let existing: Option<i64> = tx
@@ -396,9 +461,10 @@ impl Store {
                 tx.execute(
                     "INSERT INTO tasks (title, prompt, repo, base, priority, model, agent, readonly,
                         no_network, no_shell, worktree_keep, max_attempts, timeout_s,
-                        question_timeout_s, request_id, status, created_at, updated_at)
+                        question_timeout_s, request_id, status, created_at, updated_at,
+                        ask_rules, max_cost_usd, max_tokens, budget_group)
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15,
-                        'queued', ?16, ?16)",
+                        'queued', ?16, ?16, ?17, ?18, ?19, ?20)",
                     params![
                         title,
                         spec.prompt,
@@ -416,6 +482,11 @@ impl Store {
                         spec.question_timeout_s,
                         spec.request_id,
                         now,
+                        (!spec.ask.is_empty())
+                            .then(|| serde_json::Value::from(spec.ask.clone()).to_string()),
+                        spec.budget.max_cost_usd,
+                        spec.budget.max_tokens,
+                        group,
                     ],
                 )?;
                 ids.push((TaskId(tx.last_insert_rowid()), true));
@@ -517,7 +588,8 @@ impl Store {
                 "SELECT t.id, t.title, t.status, t.priority, t.repo, t.attempts, t.max_attempts,
                         t.created_at, t.started_at, t.finished_at, t.question,
                         (SELECT group_concat(d.depends_on) FROM task_deps d JOIN tasks p
-                          ON p.id = d.depends_on WHERE d.task_id = t.id AND p.status != 'done')
+                          ON p.id = d.depends_on WHERE d.task_id = t.id AND p.status != 'done'),
+                        CASE WHEN t.status = 'waiting' THEN t.ask END
                    FROM tasks t",
             );
             let mut args: Vec<String> = Vec::new();
@@ -549,6 +621,10 @@ impl Store {
                     finished_at: r.get(9)?,
                     question: r.get(10)?,
                     waiting_on: id_list(waiting),
+                    ask: r
+                        .get::<_, Option<String>>(12)?
+                        .and_then(|a| serde_json::from_str(&a).ok())
+                        .map(Box::new),
                 })
             })?;
             Ok(rows.collect::<Result<Vec<_>, _>>()?)
@@ -585,6 +661,24 @@ impl Store {
                 |r| r.get(0),
             )?;
             let default_model = get_setting(conn, "default_model")?;
+            let mut spend_today = Spend::default();
+            let mut stmt = conn.prepare(
+                "SELECT status, coalesce(sum(json_extract(result, '$.usage.cost_usd')), 0.0),
+                        coalesce(sum(json_extract(result, '$.usage.input_tokens')
+                          + json_extract(result, '$.usage.output_tokens')), 0)
+                   FROM tasks
+                  WHERE result IS NOT NULL
+                    AND updated_at >= unixepoch('now', 'localtime', 'start of day', 'utc')
+                  GROUP BY status",
+            )?;
+            for row in stmt.query_map([], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, f64>(1)?, r.get::<_, i64>(2)?))
+            })? {
+                let (status, cost, tokens) = row?;
+                spend_today.cost_usd += cost;
+                spend_today.tokens += tokens;
+                spend_today.cost_usd_by_status.insert(status, cost);
+            }
             let workers_alive = workers.iter().filter(|w| !w.stopped && !w.stale).count();
             Ok(QueueStatus {
                 counts,
@@ -593,6 +687,7 @@ impl Store {
                 workers,
                 workers_alive,
                 default_model,
+                spend_today,
             })
         })
     }
@@ -613,28 +708,34 @@ impl Store {
             // INDEXED BY: left to itself the planner takes the status index and sorts every
             // queued task on each claim (2 ms at 2,000 queued); the partial index walks them in
             // claim order and stops at the first runnable one (0.4 ms).
-            let row: Option<(i64, i64, Option<String>, Option<String>)> = tx
+            // A task whose agent is blocked on a decision in another live worker's server is
+            // that worker's to resume: only it can answer the blocked request.
+            let row: ClaimedRow = tx
                 .prepare_cached(
                     "UPDATE tasks SET status = 'running', worker = ?1, worker_host = ?2,
                         lease_token = lease_token + 1, lease_until = ?3 + ?4,
                         attempts = attempts + (pending_answer IS NULL),
                         started_at = coalesce(started_at, ?3), updated_at = ?3,
                         agent_pid = NULL, agent_started = NULL, cancel_requested = 0,
-                        not_before = NULL
+                        not_before = NULL, parked_worker = NULL
                      WHERE id = (
                         SELECT t.id FROM tasks t INDEXED BY tasks_claim
                          WHERE t.status = 'queued'
                            AND (t.not_before IS NULL OR t.not_before <= ?3)
                            AND NOT EXISTS (SELECT 1 FROM task_deps d JOIN tasks p
                                 ON p.id = d.depends_on WHERE d.task_id = t.id AND p.status != 'done')
+                           AND (t.parked_worker IS NULL OR t.parked_worker = ?1
+                                OR NOT EXISTS (SELECT 1 FROM workers w WHERE w.id = t.parked_worker
+                                    AND w.stopped_at IS NULL AND w.heartbeat_at > ?3 - ?5))
                          ORDER BY t.priority DESC, t.id ASC LIMIT 1)
-                     RETURNING id, lease_token, session_id, pending_answer",
+                     RETURNING id, lease_token, session_id, pending_answer, ask",
                 )?
-                .query_row(params![worker, host, now, lease.as_secs_f64()], |r| {
-                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
-                })
+                .query_row(
+                    params![worker, host, now, lease.as_secs_f64(), WORKER_STALE_AFTER_S],
+                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
+                )
                 .optional()?;
-            let Some((id, token, session, answer)) = row else { return Ok(None) };
+            let Some((id, token, session, answer, ask)) = row else { return Ok(None) };
             let mut stmt = tx.prepare_cached(
                 "UPDATE task_notes SET delivered = 1 WHERE task_id = ?1 AND delivered = 0
                  RETURNING note",
@@ -642,7 +743,11 @@ impl Store {
             let new_notes =
                 stmt.query_map([id], |r| r.get::<_, String>(0))?.collect::<Result<Vec<_>, _>>()?;
             let resume = match (session, answer) {
-                (Some(session_id), Some(answer)) => Some(Resume { session_id, answer }),
+                (Some(session_id), Some(answer)) => Some(Resume {
+                    session_id,
+                    answer,
+                    ask: ask.and_then(|a: String| serde_json::from_str(&a).ok()),
+                }),
                 _ => None,
             };
             Ok(Some((TaskId(id), token, resume, new_notes)))
@@ -714,7 +819,8 @@ impl Store {
             let json = |v: &Option<serde_json::Value>| v.as_ref().map(|v| v.to_string());
             // Fields every end of a run clears.
             const END_RUN: &str = "lease_until = NULL, pending_answer = NULL, \
-                cancel_requested = 0, agent_pid = NULL, agent_started = NULL";
+                cancel_requested = 0, agent_pid = NULL, agent_started = NULL, ask = NULL, \
+                parked_worker = NULL";
             match outcome {
                 Outcome::Done { result } => {
                     tx.execute(
@@ -753,19 +859,26 @@ impl Store {
                 Outcome::Cancelled { result } => {
                     end_terminal(tx, now, id, TaskStatus::Cancelled, None, json(&result))?;
                 }
-                Outcome::Waiting { question, session_id, result } => {
+                Outcome::Waiting { question, session_id, result, ask } => {
+                    let parked = ask.as_ref().is_some_and(|a| a.request_id.is_some());
+                    let ask = ask
+                        .map(|a| serde_json::to_string(&a))
+                        .transpose()
+                        .map_err(|source| Error::Json { column: "ask", source })?;
                     tx.execute(
                         &format!(
                             "UPDATE tasks SET status = 'waiting', question = ?1, session_id = ?2,
                                asked_at = ?3, result = coalesce(?4, result), updated_at = ?3,
-                               {END_RUN}
+                               {END_RUN}, ask = ?6,
+                               parked_worker = CASE WHEN ?7 THEN worker ELSE NULL END
                              WHERE id = ?5"
                         ),
-                        params![question, session_id, now, json(&result), id.0],
+                        params![question, session_id, now, json(&result), id.0, ask, parked],
                     )?;
                     tx.execute(
-                        "INSERT INTO task_questions (task_id, question, asked_at) VALUES (?1, ?2, ?3)",
-                        params![id.0, question, now],
+                        "INSERT INTO task_questions (task_id, question, asked_at, ask)
+                         VALUES (?1, ?2, ?3, ?4)",
+                        params![id.0, question, now, ask],
                     )?;
                 }
             }
@@ -893,7 +1006,8 @@ impl Store {
                     "UPDATE tasks SET status = 'queued', attempts = 0, error = NULL,
                        not_before = NULL, finished_at = NULL, cancel_requested = 0,
                        question = NULL, session_id = NULL, pending_answer = NULL, worker = NULL,
-                       failed_dependency = NULL, updated_at = ?1 WHERE id = ?2",
+                       failed_dependency = NULL, ask = NULL, parked_worker = NULL,
+                       updated_at = ?1 WHERE id = ?2",
                     params![now, t.0],
                 )?;
                 let mut stmt = tx.prepare(
@@ -908,7 +1022,11 @@ impl Store {
     }
 
     /// Answers a waiting task's question; the task is requeued to resume the same agent session.
-    pub fn answer(&self, id: TaskId, answer: &str) -> Result<Task> {
+    /// `by` says who answered (`cli`, `tui`, `mcp:<client>`), recorded with the round. A
+    /// structured decision checks the answer first: a permission takes once, always or reject;
+    /// a budget stop takes continue (which raises the budget in the same transaction) or stop
+    /// (which fails the task, naming the budget and the spend).
+    pub fn answer(&self, id: TaskId, answer: &str, by: &str) -> Result<Task> {
         if answer.trim().is_empty() {
             return Err(Error::invalid(
                 "answer",
@@ -928,17 +1046,125 @@ impl Store {
                     allowed: "waiting (it asked a question)",
                 });
             }
+            let ask: Option<Ask> = tx
+                .query_row("SELECT ask FROM tasks WHERE id = ?1", [id.0], |r| {
+                    r.get::<_, Option<String>>(0)
+                })?
+                .and_then(|a| serde_json::from_str(&a).ok());
+            let parsed = match &ask {
+                Some(a) => Some(a.parse_answer(answer).map_err(|e| Error::invalid("answer", e))?),
+                None => None,
+            };
+            tx.execute(
+                "UPDATE task_questions SET answer = ?1, answered_at = ?2, answered_by = ?4
+                  WHERE id = (SELECT max(id) FROM task_questions WHERE task_id = ?3)",
+                params![answer.trim(), now, id.0, by],
+            )?;
+            if let (Some(a), Some(p)) = (&ask, &parsed)
+                && let Some(b) = &a.budget
+            {
+                if *p == Answer::BudgetStop {
+                    let spent = match b.limit.as_str() {
+                        "cost" => format!("${:.2} of ${:.2}", b.spent, b.max),
+                        _ => format!("{} of {} tokens", b.spent, b.max),
+                    };
+                    let msg = format!(
+                        "stopped at its {} budget ({} spent; {by} answered stop); the work so \
+                         far is on its branch",
+                        b.scope, spent
+                    );
+                    end_terminal(tx, now, id, TaskStatus::Failed, Some(&msg), None)?;
+                    return load_task(tx, id);
+                }
+                if let Answer::BudgetContinue(new) = p {
+                    let max = new.unwrap_or(b.max + b.original);
+                    let (table, key) = match b.scope.as_str() {
+                        "batch" => ("budgets", "(SELECT budget_group FROM tasks WHERE id = ?2)"),
+                        _ => ("tasks", "?2"),
+                    };
+                    let column = if b.limit == "cost" { "max_cost_usd" } else { "max_tokens" };
+                    tx.execute(
+                        &format!("UPDATE {table} SET {column} = ?1 WHERE id = {key}"),
+                        params![max, id.0],
+                    )?;
+                }
+            }
             tx.execute(
                 "UPDATE tasks SET status = 'queued', pending_answer = ?1, question = NULL,
                    asked_at = NULL, worker = NULL, updated_at = ?2 WHERE id = ?3",
-                params![answer, now, id.0],
-            )?;
-            tx.execute(
-                "UPDATE task_questions SET answer = ?1, answered_at = ?2
-                  WHERE id = (SELECT max(id) FROM task_questions WHERE task_id = ?3)",
-                params![answer, now, id.0],
+                params![answer.trim(), now, id.0],
             )?;
             load_task(tx, id)
+        })
+    }
+
+    /// Records a decision the worker took by itself during a run (a permission request matched
+    /// by an earlier `always`), so that the task's history lists every request and its answer.
+    pub fn record_decision(
+        &self,
+        id: TaskId,
+        token: i64,
+        ask: &Ask,
+        answer: &str,
+        by: &str,
+    ) -> Result<()> {
+        let text = ask.text();
+        let json =
+            serde_json::to_string(ask).map_err(|source| Error::Json { column: "ask", source })?;
+        self.write(|tx, now| {
+            let n: i64 = tx.query_row(
+                "SELECT count(*) FROM tasks WHERE id = ?1 AND lease_token = ?2 AND status = 'running'",
+                params![id.0, token],
+                |r| r.get(0),
+            )?;
+            if n == 0 {
+                return Err(Error::StaleLease { id, token });
+            }
+            tx.execute(
+                "INSERT INTO task_questions (task_id, question, asked_at, ask, answer, answered_at,
+                    answered_by) VALUES (?1, ?2, ?3, ?4, ?5, ?3, ?6)",
+                params![id.0, text, now, json, answer, by],
+            )?;
+            Ok(())
+        })
+    }
+
+    /// What a task may still spend: its own budget and its batch's, with the batch's spend so far
+    /// (the recorded usage of the batch's other tasks).
+    pub fn budget_of(&self, id: TaskId) -> Result<BudgetState> {
+        self.read(|conn| {
+            let (own, group): (Budget, Option<i64>) = conn
+                .query_row(
+                    "SELECT max_cost_usd, max_tokens, budget_group FROM tasks WHERE id = ?1",
+                    [id.0],
+                    |r| Ok((Budget { max_cost_usd: r.get(0)?, max_tokens: r.get(1)? }, r.get(2)?)),
+                )
+                .optional()?
+                .ok_or(Error::NotFound(id))?;
+            let batch = match group {
+                None => None,
+                Some(g) => {
+                    let (max_cost_usd, max_tokens) = conn.query_row(
+                        "SELECT max_cost_usd, max_tokens FROM budgets WHERE id = ?1",
+                        [g],
+                        |r| Ok((r.get(0)?, r.get(1)?)),
+                    )?;
+                    let (cost, tokens): (f64, i64) = conn.query_row(
+                        "SELECT coalesce(sum(json_extract(result, '$.usage.cost_usd')), 0.0),
+                                coalesce(sum(json_extract(result, '$.usage.input_tokens')
+                                  + json_extract(result, '$.usage.output_tokens')), 0)
+                           FROM tasks WHERE budget_group = ?1 AND id != ?2",
+                        params![g, id.0],
+                        |r| Ok((r.get(0)?, r.get(1)?)),
+                    )?;
+                    Some(BatchBudget {
+                        budget: Budget { max_cost_usd, max_tokens },
+                        others_cost_usd: cost,
+                        others_tokens: tokens,
+                    })
+                }
+            };
+            Ok(BudgetState { own, batch })
         })
     }
 
@@ -1195,7 +1421,7 @@ fn end_terminal(
     tx.execute(
         "UPDATE tasks SET status = ?1, error = coalesce(?2, error), result = coalesce(?3, result),
            finished_at = ?4, updated_at = ?4, lease_until = NULL, pending_answer = NULL,
-           cancel_requested = 0, agent_pid = NULL, agent_started = NULL,
+           cancel_requested = 0, agent_pid = NULL, agent_started = NULL, ask = NULL,
            question = CASE WHEN ?1 = 'waiting' THEN question ELSE NULL END
          WHERE id = ?5",
         params![to.as_str(), error, result, now, id.0],
@@ -1257,8 +1483,8 @@ fn fill_relations(conn: &Connection, task: &mut Task) -> Result<()> {
         })?
         .collect::<Result<_, _>>()?;
     let mut stmt = conn.prepare_cached(
-        "SELECT question, asked_at, answer, answered_at FROM task_questions WHERE task_id = ?1
-          ORDER BY id",
+        "SELECT question, asked_at, answer, answered_at, ask, answered_by FROM task_questions
+          WHERE task_id = ?1 ORDER BY id",
     )?;
     task.questions = stmt
         .query_map([task.id.0], |r| {
@@ -1267,6 +1493,8 @@ fn fill_relations(conn: &Connection, task: &mut Task) -> Result<()> {
                 asked_at: r.get(1)?,
                 answer: r.get(2)?,
                 answered_at: r.get(3)?,
+                ask: r.get::<_, Option<String>>(4)?.and_then(|a| serde_json::from_str(&a).ok()),
+                answered_by: r.get(5)?,
             })
         })?
         .collect::<Result<_, _>>()?;

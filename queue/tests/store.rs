@@ -66,7 +66,7 @@ fn forbidden_transitions_are_errors_and_write_nothing() {
     let (_d, store) = open();
     let id = submit(&store, "a");
     let before = store.get(id).unwrap();
-    assert!(matches!(store.answer(id, "x"), Err(Error::InvalidTransition { .. })));
+    assert!(matches!(store.answer(id, "x", "test"), Err(Error::InvalidTransition { .. })));
     assert!(matches!(store.retry(id), Err(Error::InvalidTransition { .. })));
     assert_eq!(store.get(id).unwrap(), before);
 
@@ -75,7 +75,7 @@ fn forbidden_transitions_are_errors_and_write_nothing() {
     for (what, r) in [
         ("cancel", store.cancel(id)),
         ("retry", store.retry(id)),
-        ("answer", store.answer(id, "x")),
+        ("answer", store.answer(id, "x", "test")),
         ("note", store.add_note(id, "x")),
         ("priority", store.set_priority(id, 5)),
     ] {
@@ -112,6 +112,7 @@ fn cancel_queued_waiting_and_running() {
                 question: "A or B?".into(),
                 session_id: "ses_1".into(),
                 result: None,
+                ask: None,
             },
         )
         .unwrap();
@@ -132,6 +133,7 @@ fn question_answer_resumes_the_same_session_without_using_an_attempt() {
                 question: "Which DB?".into(),
                 session_id: "ses_9".into(),
                 result: None,
+                ask: None,
             },
         )
         .unwrap();
@@ -140,13 +142,16 @@ fn question_answer_resumes_the_same_session_without_using_an_attempt() {
     assert!(claim(&store).is_none(), "a waiting task is not runnable");
 
     store.add_note(id, "remember the migration").unwrap();
-    let t = store.answer(id, "Postgres").unwrap();
+    let t = store.answer(id, "Postgres", "test").unwrap();
     assert_eq!(t.status, TaskStatus::Queued);
     assert_eq!(t.questions.len(), 1);
     assert_eq!(t.questions[0].answer.as_deref(), Some("Postgres"));
 
     let c = claim(&store).unwrap();
-    assert_eq!(c.resume, Some(Resume { session_id: "ses_9".into(), answer: "Postgres".into() }));
+    assert_eq!(
+        c.resume,
+        Some(Resume { session_id: "ses_9".into(), answer: "Postgres".into(), ask: None })
+    );
     assert_eq!(c.new_notes, vec!["remember the migration".to_string()]);
     assert_eq!(c.task.attempts, 1, "resuming is the same attempt");
     // A second round works the same way.
@@ -158,10 +163,11 @@ fn question_answer_resumes_the_same_session_without_using_an_attempt() {
                 question: "Index?".into(),
                 session_id: "ses_9".into(),
                 result: None,
+                ask: None,
             },
         )
         .unwrap();
-    store.answer(id, "yes").unwrap();
+    store.answer(id, "yes", "test").unwrap();
     let c = claim(&store).unwrap();
     assert_eq!(c.resume.unwrap().answer, "yes");
     assert_eq!(store.get(id).unwrap().questions.len(), 2);
@@ -387,7 +393,12 @@ fn question_timeout_fails_a_waiting_task() {
         .finish(
             id,
             c.token,
-            Outcome::Waiting { question: "q".into(), session_id: "s".into(), result: None },
+            Outcome::Waiting {
+                question: "q".into(),
+                session_id: "s".into(),
+                result: None,
+                ask: None,
+            },
         )
         .unwrap();
     store.reap_expired().unwrap();
@@ -628,27 +639,36 @@ fn child_submit_once() {
 }
 
 #[test]
-fn a_database_from_the_previous_schema_opens_and_keeps_its_tasks() {
+fn a_database_from_the_first_schema_opens_and_keeps_its_tasks() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("q.db");
-    let id = {
-        let store = Store::open(&path).unwrap();
-        store.submit(spec("written by schema 1")).unwrap().0.id
-    };
-    // Schema 1 is today's without the bridge's job table (2) and the workers' agent column (3).
+    // A database as the first release wrote it: schema 1 only, with a task waiting on a question.
     let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.execute_batch(include_str!("../migrations/0001_init.sql")).unwrap();
     conn.execute_batch(
-        "DROP TABLE claude_jobs; ALTER TABLE workers DROP COLUMN agent; PRAGMA user_version = 1;",
+        "PRAGMA user_version = 1;
+         INSERT INTO tasks (title, prompt, repo, base, status, question, session_id, created_at,
+            updated_at) VALUES ('old', 'written by schema 1', '/r', 'abc', 'waiting', 'A or B?',
+            'ses_1', 1.0, 1.0);
+         INSERT INTO task_questions (task_id, question, asked_at) VALUES (1, 'A or B?', 1.0);",
     )
     .unwrap();
     drop(conn);
 
     let store = Store::open(&path).unwrap();
-    assert_eq!(store.get(id).unwrap().prompt, "written by schema 1");
+    let t = store.get(TaskId(1)).unwrap();
+    assert_eq!(t.prompt, "written by schema 1");
+    assert_eq!(t.question.as_deref(), Some("A or B?"));
+    assert_eq!(t.ask, None, "a prompt-level question has no structured decision");
+    assert!(t.ask_rules.is_empty() && !t.budget.is_set());
+    // What the later schemas added works on it.
     let job = store.job_submit(&serde_json::json!({"prompt": "hi"}), &owner(1)).unwrap();
     assert_eq!(store.job(job.id).unwrap().status, JobStatus::Queued);
     store.register_worker("w1", 1, "host", 2, "opencode serve").unwrap();
     assert_eq!(store.list_workers().unwrap()[0].agent.as_deref(), Some("opencode serve"));
+    let t = store.answer(TaskId(1), "A", "cli").unwrap();
+    assert_eq!(t.status, TaskStatus::Queued);
+    assert_eq!(t.questions.last().unwrap().answered_by.as_deref(), Some("cli"));
 }
 
 fn owner(pid: i64) -> JobOwner {
@@ -753,4 +773,123 @@ fn several_processes_creating_the_database_at_once_all_open_it() {
         }
         assert_eq!(Store::open(&path).unwrap().list(&ListFilter::default()).unwrap().len(), 5);
     }
+}
+
+fn wait_with(store: &Store, id: TaskId, token: i64, ask: Ask) -> Task {
+    let outcome = Outcome::Waiting {
+        question: ask.text(),
+        session_id: "ses_1".into(),
+        result: None,
+        ask: Some(Box::new(ask)),
+    };
+    store.finish(id, token, outcome).unwrap()
+}
+
+fn permission() -> Ask {
+    let mut ask = Ask::permission(PermissionAsk {
+        permission: "bash".into(),
+        patterns: vec!["git push".into()],
+        target: Some("git push".into()),
+        always: vec!["git push *".into()],
+    });
+    ask.request_id = Some("per_1".into());
+    ask
+}
+
+#[test]
+fn an_agent_blocked_in_a_live_workers_server_is_resumed_by_that_worker_only() {
+    let (_d, store) = open();
+    store.register_worker("w1", 1, "host", 1, "opencode serve").unwrap();
+    store.register_worker("w2", 2, "host", 1, "opencode serve").unwrap();
+    let id = submit(&store, "a");
+    let c = claim(&store).unwrap();
+    let t = wait_with(&store, id, c.token, permission());
+    assert_eq!(t.ask.as_ref().unwrap().kind, AskKind::Permission);
+    assert_eq!(t.ask.as_ref().unwrap().choices, ["once", "always", "reject"]);
+    store.answer(id, "once", "cli").unwrap();
+    assert!(store.claim_next("w2", "host", LEASE).unwrap().is_none(), "w1's server holds it");
+    let c = claim(&store).unwrap();
+    let resume = c.resume.unwrap();
+    assert_eq!(resume.answer, "once");
+    assert_eq!(resume.ask.unwrap().request_id.as_deref(), Some("per_1"));
+
+    // Parked again; w1 stops: anyone may resume it (with a new prompt).
+    wait_with(&store, id, c.token, permission());
+    store.worker_stopped("w1").unwrap();
+    store.answer(id, "always", "tui").unwrap();
+    let c = store.claim_next("w2", "host", LEASE).unwrap().unwrap();
+    assert_eq!(c.resume.unwrap().answer, "always");
+    let t = store.get(id).unwrap();
+    let by: Vec<_> = t.questions.iter().map(|q| q.answered_by.clone().unwrap()).collect();
+    assert_eq!(by, ["cli", "tui"]);
+}
+
+#[test]
+fn answers_are_checked_against_the_decision_they_answer() {
+    let (_d, store) = open();
+    let id = submit(&store, "a");
+    let c = claim(&store).unwrap();
+    wait_with(&store, id, c.token, permission());
+    let err = store.answer(id, "maybe", "cli").unwrap_err().to_string();
+    assert!(err.contains("once") && err.contains("reject: <what to do instead>"), "{err}");
+    assert_eq!(
+        store.get(id).unwrap().status,
+        TaskStatus::Waiting,
+        "a refused answer changes nothing"
+    );
+    store.answer(id, "Reject: use staging", "cli").unwrap();
+}
+
+fn budget_stop(limit: &str, spent: f64, max: f64) -> Ask {
+    Ask::budget(BudgetStop { limit: limit.into(), scope: "task".into(), spent, max, original: max })
+}
+
+#[test]
+fn a_budget_stop_continues_raised_or_stops_naming_the_spend() {
+    let (_d, store) = open();
+    let mut s = spec("spend");
+    s.budget = Budget { max_cost_usd: Some(0.5), max_tokens: None };
+    let id = store.submit(s).unwrap().0.id;
+    let c = claim(&store).unwrap();
+    wait_with(&store, id, c.token, budget_stop("cost", 0.52, 0.5));
+    let err = store.answer(id, "continue 0.40", "cli").unwrap_err().to_string();
+    assert!(err.contains("not above what is already spent"), "{err}");
+    store.answer(id, "continue", "cli").unwrap();
+    assert_eq!(store.get(id).unwrap().budget.max_cost_usd, Some(1.0), "raised by the original");
+    let c = claim(&store).unwrap();
+    wait_with(&store, id, c.token, budget_stop("cost", 1.01, 1.0));
+    store.answer(id, "continue $2.50", "mcp:claude").unwrap();
+    assert_eq!(store.get(id).unwrap().budget.max_cost_usd, Some(2.5));
+    let c = claim(&store).unwrap();
+    wait_with(&store, id, c.token, budget_stop("cost", 2.6, 2.5));
+    let t = store.answer(id, "stop", "tui").unwrap();
+    assert_eq!(t.status, TaskStatus::Failed);
+    let e = t.error.unwrap();
+    assert!(e.contains("$2.60 of $2.50") && e.contains("task budget") && e.contains("tui"), "{e}");
+}
+
+#[test]
+fn a_batch_budget_counts_what_the_batchs_other_tasks_spent() {
+    let (_d, store) = open();
+    let shared = Budget { max_cost_usd: None, max_tokens: Some(300) };
+    let tasks = store.submit_batch_budgeted(vec![spec("a"), spec("b")], shared).unwrap();
+    let (a, b) = (tasks[0].0.id, tasks[1].0.id);
+    let c = claim(&store).unwrap();
+    assert_eq!(c.task.id, a);
+    let usage =
+        serde_json::json!({"usage": {"input_tokens": 200, "output_tokens": 50, "cost_usd": 0.1}});
+    store.finish(a, c.token, Outcome::Done { result: usage }).unwrap();
+    let state = store.budget_of(b).unwrap();
+    assert_eq!(state.batch.as_ref().unwrap().others_tokens, 250);
+    assert_eq!(state.passed(0.0, 40), None);
+    let stop = state.passed(0.0, 60).unwrap();
+    assert_eq!((stop.scope.as_str(), stop.spent, stop.max), ("batch", 310.0, 300.0));
+    // Bad budgets and ask rules are refused before anything is stored.
+    let mut bad = spec("x");
+    bad.budget.max_cost_usd = Some(-1.0);
+    assert!(store.submit(bad).unwrap_err().to_string().contains("max_cost_usd"));
+    let mut bad = spec("x");
+    bad.ask = vec!["shell:rm*".into()];
+    let err = store.submit(bad).unwrap_err().to_string();
+    assert!(err.contains("'shell:rm*' names no permission") && err.contains("bash"), "{err}");
 }

@@ -34,6 +34,21 @@ pub fn opencode() -> PathBuf {
 }
 
 /// The pinned Claude Code CLI that `.ci/run` installs.
+/// The Python with the official MCP SDK (`.venv`, which `.ci/run` makes).
+#[allow(dead_code)]
+pub fn python() -> PathBuf {
+    if let Some(p) = std::env::var_os("TASKBRIDGE_TEST_PYTHON") {
+        return PathBuf::from(p);
+    }
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
+    assert!(
+        p.exists(),
+        "the Python MCP SDK is not installed: run `python3 -m venv .venv && .venv/bin/pip install \
+         mcp==1.30.0` (what .ci/run does) or set TASKBRIDGE_TEST_PYTHON"
+    );
+    p
+}
+
 pub fn claude_cli() -> PathBuf {
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join(".tools/node_modules/.bin/claude");
     assert!(
@@ -384,4 +399,31 @@ pub fn start_http(cmd: &mut Command) -> (Child, u16, std::sync::mpsc::Receiver<S
     let child = Child(child);
     let port = rx.recv_timeout(Duration::from_secs(30)).expect("the server printed its URL");
     (child, port, out_rx)
+}
+
+/// A turn whose command writes its process group id to `marker` and sleeps.
+#[allow(dead_code)]
+pub fn sleeper(marker: &str) -> mock_anthropic::Turn {
+    mock_anthropic::Turn::bash(&format!("ps -o pgid= $$ | tr -d ' ' > {marker}; sleep 300"))
+}
+
+/// The process group id a [`sleeper`] wrote, once it is there.
+#[allow(dead_code)]
+pub fn read_pgid(path: &Path) -> i32 {
+    assert!(
+        eventually(Duration::from_secs(90), || std::fs::read_to_string(path)
+            .is_ok_and(|s| !s.trim().is_empty())),
+        "the agent never started its command"
+    );
+    std::fs::read_to_string(path).unwrap().trim().parse().unwrap()
+}
+
+/// The pid of the (one) worker's OpenCode server in serve mode, from the file the next worker
+/// reads to clean up after a dead one.
+#[allow(dead_code)]
+pub fn server_pid(env: &Env) -> Option<i32> {
+    let mut d = std::fs::read_dir(env.home.join("servers")).ok()?;
+    let f = d.next()?.ok()?.path();
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(f).ok()?).ok()?;
+    v["pid"].as_i64().map(|p| p as i32)
 }

@@ -38,6 +38,7 @@ fn rows(n: usize) -> Vec<TaskRow> {
             finished_at: None,
             question: None,
             waiting_on: vec![],
+            ask: None,
         })
         .collect()
 }

@@ -34,10 +34,12 @@ pub enum Action {
     CycleRepo,
     Confirm,
     Dismiss,
+    ToggleChoice,
+    WriteAnswer,
 }
 
 impl Action {
-    pub const ALL: [Action; 30] = [
+    pub const ALL: [Action; 32] = [
         Action::SelectNext,
         Action::SelectPrev,
         Action::PageDown,
@@ -68,6 +70,8 @@ impl Action {
         Action::CycleRepo,
         Action::Confirm,
         Action::Dismiss,
+        Action::ToggleChoice,
+        Action::WriteAnswer,
     ];
 
     pub fn name(self) -> &'static str {
@@ -102,6 +106,8 @@ impl Action {
             Action::CycleRepo => "cycle-repo",
             Action::Confirm => "confirm",
             Action::Dismiss => "dismiss",
+            Action::ToggleChoice => "toggle-choice",
+            Action::WriteAnswer => "write-answer",
         }
     }
 
@@ -137,6 +143,8 @@ impl Action {
             Action::CycleRepo => "Next recently used repository (new task)",
             Action::Confirm => "Yes",
             Action::Dismiss => "Cancel / close",
+            Action::ToggleChoice => "Pick or unpick an option (when several may be chosen)",
+            Action::WriteAnswer => "Write the answer as free text instead",
         }
     }
 

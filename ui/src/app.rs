@@ -49,6 +49,103 @@ pub enum Popup {
     Confirm(ConfirmKind),
     Editor { kind: EditorKind, area: Box<TextArea<'static>> },
     NewTask(Box<NewTask>),
+    Choose(Box<Choice>),
+}
+
+/// One answer on offer in the choice list.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChoiceItem {
+    pub label: String,
+    pub description: Option<String>,
+    /// What choosing it sends; `None` opens the editor with `prefill` (free text, feedback, a
+    /// new limit).
+    pub send: Option<String>,
+    pub prefill: String,
+}
+
+/// Answering a decision that offers options: the agent's own, a permission's, a budget's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Choice {
+    pub id: i64,
+    pub question: String,
+    pub header: Option<String>,
+    pub items: Vec<ChoiceItem>,
+    /// Several options may be picked (space), then sent together (enter).
+    pub multiple: bool,
+    pub sel: usize,
+    pub picked: std::collections::BTreeSet<usize>,
+}
+
+impl Choice {
+    /// The list for `ask`, or `None` when it is best answered in the editor (no options, or
+    /// several questions at once).
+    pub fn for_ask(id: i64, ask: &queue::Ask) -> Option<Choice> {
+        use queue::AskKind;
+        let item = |label: &str, description: &str, send: Option<&str>, prefill: &str| ChoiceItem {
+            label: label.into(),
+            description: Some(description.into()),
+            send: send.map(str::to_owned),
+            prefill: prefill.into(),
+        };
+        let (header, items, multiple) = match ask.kind {
+            AskKind::Question => {
+                let [q] = ask.questions.as_slice() else { return None };
+                if q.options.is_empty() {
+                    return None;
+                }
+                let mut items: Vec<ChoiceItem> = q
+                    .options
+                    .iter()
+                    .map(|o| ChoiceItem {
+                        label: o.label.clone(),
+                        description: o.description.clone(),
+                        send: Some(o.label.clone()),
+                        prefill: String::new(),
+                    })
+                    .collect();
+                items.push(item("Type my own answer…", "free text, in the editor", None, ""));
+                (q.header.clone(), items, q.multiple)
+            }
+            AskKind::Permission => (
+                Some("Permission".into()),
+                vec![
+                    item("once", "allow this request", Some("once"), ""),
+                    item("always", "allow it for the rest of this task", Some("always"), ""),
+                    item("reject", "refuse, and stop the agent's turn", Some("reject"), ""),
+                    item(
+                        "reject with feedback…",
+                        "refuse, and tell the agent what to do instead",
+                        None,
+                        "reject: ",
+                    ),
+                ],
+                false,
+            ),
+            AskKind::Budget => (
+                Some("Budget".into()),
+                vec![
+                    item(
+                        "continue",
+                        "raise the limit by the original budget",
+                        Some("continue"),
+                        "",
+                    ),
+                    item("continue with a new limit…", "type the new limit", None, "continue "),
+                    item("stop", "fail the task; its work stays on its branch", Some("stop"), ""),
+                ],
+                false,
+            ),
+        };
+        Some(Choice {
+            id,
+            question: ask.text(),
+            header,
+            items,
+            multiple,
+            sel: 0,
+            picked: Default::default(),
+        })
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -265,6 +362,7 @@ impl Model {
             Some(Popup::Help) => Mode::Help,
             Some(Popup::Confirm(_)) => Mode::Confirm,
             Some(Popup::Editor { .. }) | Some(Popup::NewTask(_)) => Mode::Editor,
+            Some(Popup::Choose(_)) => Mode::Choice,
         }
     }
 
@@ -508,6 +606,7 @@ impl Model {
         match self.mode() {
             Mode::Editor => return self.update_editor(action),
             Mode::Confirm => return self.update_confirm(action),
+            Mode::Choice => return self.update_choice(action),
             Mode::Help => {
                 if matches!(action, Action::ToggleHelp | Action::Dismiss) {
                     self.popup = None;
@@ -544,6 +643,10 @@ impl Model {
             Action::OpenQuestions => self.open(RightPane::Questions),
             Action::AnswerTask => match self.target() {
                 Some(r) if r.status == TaskStatus::Waiting => {
+                    if let Some(choice) = r.ask.as_ref().and_then(|a| Choice::for_ask(r.id.0, a)) {
+                        self.popup = Some(Popup::Choose(Box::new(choice)));
+                        return vec![];
+                    }
                     let title = format!(
                         " Answer task {}: {} (Ctrl-S sends, Esc cancels) ",
                         r.id.0,
@@ -658,6 +761,8 @@ impl Model {
             | Action::Confirm
             | Action::Dismiss
             | Action::NextField
+            | Action::ToggleChoice
+            | Action::WriteAnswer
             | Action::CycleRepo => vec![],
         }
     }
@@ -778,6 +883,63 @@ impl Model {
             }
             _ => vec![],
         }
+    }
+
+    fn update_choice(&mut self, action: Action) -> Vec<Effect> {
+        let Some(Popup::Choose(mut c)) = self.popup.take() else { return vec![] };
+        let n = c.items.len();
+        match action {
+            Action::SelectNext => c.sel = (c.sel + 1).min(n.saturating_sub(1)),
+            Action::SelectPrev => c.sel = c.sel.saturating_sub(1),
+            Action::ToggleChoice if c.multiple && c.items[c.sel].send.is_some() => {
+                let sel = c.sel;
+                if c.picked.contains(&sel) {
+                    c.picked.remove(&sel);
+                } else {
+                    c.picked.insert(sel);
+                }
+            }
+            Action::ToggleChoice => {
+                self.popup = Some(Popup::Choose(c));
+                return self.say("only one may be chosen: Enter sends it".into());
+            }
+            Action::Send => {
+                let answer = if c.multiple && !c.picked.is_empty() {
+                    let labels: Vec<&str> =
+                        c.picked.iter().filter_map(|&i| c.items[i].send.as_deref()).collect();
+                    Some(labels.join(", "))
+                } else {
+                    c.items[c.sel].send.clone()
+                };
+                return match answer {
+                    Some(a) => vec![Effect::Queue(Op::Answer(c.id, a))],
+                    None => {
+                        let prefill = c.items[c.sel].prefill.clone();
+                        self.answer_editor(c.id, &c.question, &prefill);
+                        vec![]
+                    }
+                };
+            }
+            Action::WriteAnswer => {
+                let prefill = c.items[c.sel].prefill.clone();
+                self.answer_editor(c.id, &c.question, &prefill);
+                return vec![];
+            }
+            Action::Dismiss => return vec![],
+            _ => {}
+        }
+        self.popup = Some(Popup::Choose(c));
+        vec![]
+    }
+
+    fn answer_editor(&mut self, id: i64, question: &str, prefill: &str) {
+        let title = format!(
+            " Answer task {id}: {} (Ctrl-S sends, Esc cancels) ",
+            question.lines().next().unwrap_or("")
+        );
+        let mut area = editor(&title);
+        area.insert_str(prefill);
+        self.popup = Some(Popup::Editor { kind: EditorKind::Answer(id), area });
     }
 
     fn update_editor(&mut self, action: Action) -> Vec<Effect> {

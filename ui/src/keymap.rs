@@ -12,16 +12,19 @@ pub enum Mode {
     Editor,
     Confirm,
     Help,
+    /// Picking an answer from the agent's options.
+    Choice,
 }
 
 impl Mode {
-    const ALL: [Mode; 4] = [Mode::Normal, Mode::Editor, Mode::Confirm, Mode::Help];
+    const ALL: [Mode; 5] = [Mode::Normal, Mode::Editor, Mode::Confirm, Mode::Help, Mode::Choice];
     fn section(self) -> &'static str {
         match self {
             Mode::Normal => "normal",
             Mode::Editor => "editor",
             Mode::Confirm => "confirm",
             Mode::Help => "help",
+            Mode::Choice => "choice",
         }
     }
 }

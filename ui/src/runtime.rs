@@ -288,7 +288,7 @@ fn apply(
             store.set_priority(TaskId(id), p).map(|_| format!("task {id}: priority {p}")).map_err(e)
         }
         Op::Answer(id, text) => store
-            .answer(TaskId(id), &text)
+            .answer(TaskId(id), &text, "tui")
             .map(|_| format!("task {id} answered; it resumes its session"))
             .map_err(e),
         Op::Note(id, text) => {

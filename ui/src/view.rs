@@ -103,7 +103,58 @@ pub fn draw(m: &Model, f: &mut Frame) {
             f.render_widget(&**textarea, r);
         }
         Some(Popup::NewTask(form)) => draw_new_task(form, f, area),
+        Some(Popup::Choose(c)) => draw_choice(m, c, f, area),
     }
+}
+
+fn draw_choice(m: &Model, c: &crate::app::Choice, f: &mut Frame, area: Rect) {
+    let r = centered(area, 80, 60);
+    f.render_widget(Clear, r);
+    let key = |a: crate::action::Action| {
+        m.keymap.first_key(Mode::Choice, a).unwrap_or_else(|| "?".into())
+    };
+    use crate::action::Action as A;
+    let hint = if c.multiple {
+        format!(
+            " {} picks, {} sends, {} free text, {} cancels ",
+            key(A::ToggleChoice),
+            key(A::Send),
+            key(A::WriteAnswer),
+            key(A::Dismiss)
+        )
+    } else {
+        format!(
+            " {} sends, {} free text, {} cancels ",
+            key(A::Send),
+            key(A::WriteAnswer),
+            key(A::Dismiss)
+        )
+    };
+    let title = format!(" Answer task {}: {} ", c.id, c.header.as_deref().unwrap_or("question"));
+    let mut lines = vec![Line::raw(c.question.clone()), Line::raw("")];
+    for (i, item) in c.items.iter().enumerate() {
+        let here = i == c.sel;
+        let mark = match (c.multiple, c.picked.contains(&i)) {
+            (true, true) => "[x] ",
+            (true, false) if item.send.is_some() => "[ ] ",
+            _ => "",
+        };
+        let style = if here { Style::new().fg(Color::Black).bg(Color::Cyan) } else { Style::new() };
+        let mut spans = vec![Span::styled(
+            format!("{} {mark}{}", if here { ">" } else { " " }, item.label),
+            style,
+        )];
+        if let Some(d) = &item.description {
+            spans.push(Span::styled(format!("  {d}"), Style::new().fg(Color::DarkGray)));
+        }
+        lines.push(Line::from(spans));
+    }
+    f.render_widget(
+        Paragraph::new(lines)
+            .block(Block::bordered().title(title).title_bottom(hint))
+            .wrap(Wrap { trim: false }),
+        r,
+    );
 }
 
 fn draw_new_task(form: &crate::app::NewTask, f: &mut Frame, area: Rect) {
@@ -512,13 +563,34 @@ fn draw_questions(m: &Model, f: &mut Frame, area: Rect) {
             format!("#{} {}", r.id.0, r.title),
             style.add_modifier(Modifier::BOLD),
         ));
-        for l in r.question.as_deref().unwrap_or("").lines() {
-            lines.push(Line::styled(format!("  {l}"), Style::new().fg(Color::Magenta)));
+        let kind = match r.ask.as_ref().map(|a| a.kind) {
+            Some(queue::AskKind::Permission) => "permission: ",
+            Some(queue::AskKind::Budget) => "budget: ",
+            _ => "",
+        };
+        for (j, l) in r.question.as_deref().unwrap_or("").lines().enumerate() {
+            let kind = if j == 0 { kind } else { "" };
+            lines.push(Line::styled(format!("  {kind}{l}"), Style::new().fg(Color::Magenta)));
+        }
+        for q in r.ask.iter().flat_map(|a| &a.questions) {
+            for o in &q.options {
+                let d = o.description.as_deref().map(|d| format!(": {d}")).unwrap_or_default();
+                lines.push(Line::styled(
+                    format!("    - {}{d}", o.label),
+                    Style::new().fg(Color::DarkGray),
+                ));
+            }
         }
         lines.push(Line::from(""));
     }
-    lines
-        .push(Line::styled("a answers the highlighted question", Style::new().fg(Color::DarkGray)));
+    let key = m
+        .keymap
+        .first_key(Mode::Normal, crate::action::Action::AnswerTask)
+        .unwrap_or_else(|| "?".into());
+    lines.push(Line::styled(
+        format!("{key} answers the highlighted question (pick an option, or write your own)"),
+        Style::new().fg(Color::DarkGray),
+    ));
     f.render_widget(Paragraph::new(lines).block(block).wrap(Wrap { trim: false }), area);
 }
 
@@ -578,17 +650,22 @@ fn draw_help(m: &Model, f: &mut Frame, area: Rect) {
             Span::raw(action.describe()),
         ])
     };
-    let normal: Vec<Line> =
+    // Every section in one list, split over two columns.
+    let mut all: Vec<Line> =
         m.keymap.keys_for(Mode::Normal).iter().map(|(a, k)| entry(k, *a)).collect();
-    let half = normal.len().div_ceil(2);
-    let mut right: Vec<Line> = normal[half..].to_vec();
-    for (mode, title) in [(Mode::Editor, "In an editor"), (Mode::Confirm, "When asked")] {
-        right.push(Line::styled(title, Style::new().add_modifier(Modifier::BOLD)));
-        right.extend(m.keymap.keys_for(mode).iter().map(|(a, k)| entry(k, *a)));
+    for (mode, title) in [
+        (Mode::Editor, "In an editor"),
+        (Mode::Choice, "Picking an answer"),
+        (Mode::Confirm, "When asked"),
+    ] {
+        all.push(Line::styled(title, Style::new().add_modifier(Modifier::BOLD)));
+        all.extend(m.keymap.keys_for(mode).iter().map(|(a, k)| entry(k, *a)));
     }
+    let half = all.len().div_ceil(2);
+    let right = all.split_off(half);
     let [l, rr] =
         Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(inner);
-    f.render_widget(Paragraph::new(normal[..half].to_vec()), l);
+    f.render_widget(Paragraph::new(all), l);
     f.render_widget(Paragraph::new(right), rr);
 }
 

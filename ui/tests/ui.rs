@@ -28,6 +28,7 @@ fn row(id: i64, status: TaskStatus, title: &str) -> TaskRow {
         question: (status == TaskStatus::Waiting)
             .then(|| "Postgres or SQLite for the cache?".to_owned()),
         waiting_on: vec![],
+        ask: None,
     }
 }
 
@@ -438,4 +439,86 @@ fn queue_task(id: i64) -> queue::Task {
     t.title = "Add a cache layer to the API".into();
     t.created_at = NOW - 600.0;
     t
+}
+
+/// A model whose waiting task has a structured decision.
+fn with_ask(ask: queue::Ask) -> Model {
+    let mut r = row(3, TaskStatus::Waiting, "Choose the cache backend");
+    r.question = Some(ask.text());
+    r.ask = Some(Box::new(ask));
+    model(vec![r, row(2, TaskStatus::Done, "Fix the flaky login test")])
+}
+
+fn colours(multiple: bool) -> queue::Ask {
+    let opt =
+        |l: &str, d: &str| queue::QuestionOption { label: l.into(), description: Some(d.into()) };
+    queue::Ask::question(vec![queue::AgentQuestion {
+        question: "Which colour should the banner be?".into(),
+        header: Some("Banner colour".into()),
+        options: vec![opt("red", "Warm"), opt("blue", "Calm"), opt("green", "Fresh")],
+        multiple,
+    }])
+}
+
+#[test]
+fn a_question_with_options_is_answered_by_picking_one() {
+    let mut m = with_ask(colours(false));
+    assert!(ch(&mut m, 'a').is_empty());
+    assert!(matches!(m.popup, Some(Popup::Choose(_))));
+    insta::assert_snapshot!(render(&m, 100, 24).backend());
+    ch(&mut m, 'j');
+    let fx = key(&mut m, KeyCode::Enter);
+    assert_eq!(fx, vec![Effect::Queue(Op::Answer(3, "blue".into()))]);
+    assert!(m.popup.is_none());
+}
+
+#[test]
+fn several_options_are_picked_with_space_and_sent_together() {
+    let mut m = with_ask(colours(true));
+    ch(&mut m, 'a');
+    ch(&mut m, ' ');
+    ch(&mut m, 'j');
+    ch(&mut m, 'j');
+    ch(&mut m, ' ');
+    let fx = key(&mut m, KeyCode::Enter);
+    assert_eq!(fx, vec![Effect::Queue(Op::Answer(3, "red, green".into()))]);
+}
+
+#[test]
+fn the_last_option_and_e_open_the_editor_for_free_text() {
+    let mut m = with_ask(colours(false));
+    ch(&mut m, 'a');
+    for _ in 0..3 {
+        ch(&mut m, 'j');
+    }
+    key(&mut m, KeyCode::Enter);
+    assert!(matches!(m.popup, Some(Popup::Editor { .. })), "Type my own answer opens the editor");
+    typed(&mut m, "teal");
+    assert_eq!(ctrl(&mut m, 's'), vec![Effect::Queue(Op::Answer(3, "teal".into()))]);
+}
+
+#[test]
+fn a_permission_request_offers_once_always_reject_and_feedback() {
+    let ask = queue::Ask::permission(queue::PermissionAsk {
+        permission: "bash".into(),
+        patterns: vec!["git push origin main".into()],
+        target: Some("git push origin main".into()),
+        always: vec!["git push *".into()],
+    });
+    let mut m = with_ask(ask);
+    ch(&mut m, 'a');
+    let screen = format!("{:?}", render(&m, 100, 24).backend());
+    for s in ["once", "always", "reject with feedback", "git push origin main"] {
+        assert!(screen.contains(s), "'{s}' missing:\n{screen}");
+    }
+    ch(&mut m, 'j');
+    assert_eq!(key(&mut m, KeyCode::Enter), vec![Effect::Queue(Op::Answer(3, "always".into()))]);
+    // Feedback: the editor opens with "reject: " typed.
+    ch(&mut m, 'a');
+    for _ in 0..3 {
+        ch(&mut m, 'j');
+    }
+    key(&mut m, KeyCode::Enter);
+    typed(&mut m, "use staging");
+    assert_eq!(ctrl(&mut m, 's'), vec![Effect::Queue(Op::Answer(3, "reject: use staging".into()))]);
 }

@@ -40,6 +40,9 @@ pub struct AgentExit {
     pub stopped: Option<StopReason>,
     pub stderr_tail: String,
     pub run: RunLog,
+    /// The agent is blocked on a decision (a native question or permission request), or was
+    /// stopped for one (a budget).
+    pub waiting: Option<queue::Ask>,
 }
 
 /// The process's start time in clock ticks since boot (Linux), used to tell a live orphan from a
@@ -302,5 +305,6 @@ pub async fn run_agent(
         stopped,
         stderr_tail: tail.into_iter().collect::<Vec<_>>().join("\n"),
         run,
+        waiting: None,
     })
 }

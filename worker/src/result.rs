@@ -25,6 +25,20 @@ pub struct TaskResult {
     pub session_id: Option<String>,
     pub exit_code: Option<i32>,
     pub tool_calls: usize,
+    /// Every permission request the agent made, with its answer and who gave it.
+    pub permission_requests: Vec<PermissionRequest>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PermissionRequest {
+    pub permission: String,
+    pub patterns: Vec<String>,
+    pub target: Option<String>,
+    /// `None` while it waits.
+    pub answer: Option<String>,
+    /// `cli`, `tui`, `mcp:<client>`, or `rule` (approved by an earlier `always`).
+    pub answered_by: Option<String>,
+    pub asked_at: f64,
 }
 
 /// A test command: observed (the agent ran it, with its exit code) or only claimed.

@@ -18,7 +18,7 @@ use crate::models;
 use crate::notify::{self, NotifyConfig};
 use crate::process::{self, AgentCommand, StopReason};
 use crate::result::{self, TaskResult};
-use queue::{Claim, Home, Outcome, RunFacts, Store, Task, TaskId};
+use queue::{Claim, Home, Outcome, RunFacts, Store, Task, TaskId, TaskStatus};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -111,6 +111,27 @@ impl Default for WorkerConfig {
 pub struct RepoConfig {
     #[serde(default)]
     pub setup: SetupConfig,
+    #[serde(default)]
+    pub permissions: PermissionsConfig,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PermissionsConfig {
+    /// `PERMISSION[:PATTERN]` rules every task of the repository asks about (joined with the
+    /// task's own `ask`).
+    #[serde(default)]
+    pub ask: Vec<String>,
+}
+
+impl RepoConfig {
+    /// The repository's `.taskbridge.toml` (an empty config when there is none), or what is
+    /// wrong with it.
+    pub fn read(repo: &Path) -> std::result::Result<RepoConfig, String> {
+        let path = repo.join(".taskbridge.toml");
+        let Ok(text) = std::fs::read_to_string(&path) else { return Ok(RepoConfig::default()) };
+        toml::from_str(&text).map_err(|e| format!("{} is not valid: {e}", path.display()))
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -318,6 +339,7 @@ impl Worker {
                 tracing::warn!(error = %e, "worker heartbeat failed");
             }
             self.reap().await;
+            self.sweep_parked().await;
         }
     }
 
@@ -338,6 +360,33 @@ impl Worker {
             }
             Err(e) => tracing::warn!(error = %e, "reaping expired leases failed"),
         }
+    }
+
+    /// Agents parked on a decision whose task stopped waiting (cancelled, timed out) are
+    /// aborted, so nothing runs on for a task nobody will resume.
+    async fn sweep_parked(&self) {
+        let Some(server) = &self.server else { return };
+        let ids = server.parked_tasks();
+        if ids.is_empty() {
+            return;
+        }
+        let live = self
+            .blocking(move |s| {
+                let mut live = Vec::new();
+                for id in ids {
+                    // Queued: answered, and about to be claimed again.
+                    if matches!(
+                        s.get(id).map(|t| t.status),
+                        Ok(TaskStatus::Waiting | TaskStatus::Queued)
+                    ) {
+                        live.push(id);
+                    }
+                }
+                Ok(live)
+            })
+            .await
+            .unwrap_or_default();
+        server.sweep_parked(|id| live.contains(&id)).await;
     }
 
     /// A worker process on this host that died (kill -9, crash) leaves running tasks behind;
@@ -563,19 +612,33 @@ impl Worker {
         if let Some(a) = &task.agent {
             args.extend(["--agent".into(), a.clone()]);
         }
+        let notes = notes_section(&new_notes);
+        let serving = self.server.is_some();
+        // A task that ran before in this session and was interrupted (its worker or server died,
+        // an attempt failed) goes on in the same session on the warm server: the agent keeps its
+        // context and the worktree keeps its work.
+        let interrupted = resume.is_none() && serving && task.session_id.is_some();
         let prompt = match &resume {
             Some(r) => {
                 args.extend(["--session".into(), r.session_id.clone()]);
-                format!("{RESUME}{}{}", r.answer, notes_section(&new_notes))
+                match &r.ask {
+                    Some(ask) => format!("{}{notes}", answer_prompt(ask, &r.answer)),
+                    None => format!("{RESUME}{}{notes}", r.answer),
+                }
             }
-            None => format!(
-                "{PREAMBLE}\n# Task {}: {}\n\n{}{}",
-                id.0,
-                task.title,
-                task.prompt,
-                notes_section(&new_notes)
-            ),
+            None if interrupted => format!("{}{notes}", crate::serve::INTERRUPTED),
+            None => {
+                format!("{PREAMBLE}\n# Task {}: {}\n\n{}{}", id.0, task.title, task.prompt, notes)
+            }
         };
+        // A bare `reject` stops the agent, as OpenCode does: the task ends there.
+        let rejected = resume.as_ref().and_then(|r| {
+            let ask = r.ask.as_ref()?;
+            match ask.parse_answer(&r.answer) {
+                Ok(queue::Answer::PermissionReject { feedback: None }) => Some(ask.text()),
+                _ => None,
+            }
+        });
         let mut env = vec![("OPENCODE_PERMISSION".to_owned(), permission_json(task))];
         if let Some(bridge) = &self.cfg.claude_bridge {
             env.push((
@@ -589,28 +652,105 @@ impl Worker {
         let mut tries = 0;
         let exit = loop {
             if let Some(server) = &self.server {
+                let mut grants = always_grants(task);
+                let delivery = match &resume {
+                    Some(r) => match &r.ask {
+                        Some(ask)
+                            if ask.request_id.as_deref().is_some()
+                                && server
+                                    .take_parked(id, ask.request_id.as_deref().unwrap_or(""))
+                                    .await =>
+                        {
+                            native_reply(ask, &r.answer, &new_notes)
+                        }
+                        Some(ask) => {
+                            // The blocked request is gone: an approval must still hold when
+                            // the agent asks again for the same thing.
+                            if let (Some(p), Ok(a)) = (&ask.permission, ask.parse_answer(&r.answer))
+                                && matches!(
+                                    a,
+                                    queue::Answer::PermissionOnce | queue::Answer::PermissionAlways
+                                )
+                            {
+                                grants.once.push((p.permission.clone(), p.patterns.clone()));
+                            }
+                            crate::serve::Delivery::Prompt(prompt.clone())
+                        }
+                        None => crate::serve::Delivery::Prompt(prompt.clone()),
+                    },
+                    None => crate::serve::Delivery::Prompt(prompt.clone()),
+                };
+                if let (Some(what), crate::serve::Delivery::Prompt(_)) = (&rejected, &delivery) {
+                    let error = format!("stopped: the answer rejected {what}");
+                    return Ok(Some(Outcome::FailedPermanently { error, result: None }));
+                }
                 let turn = crate::serve::Turn {
                     task,
                     dir: &dir,
-                    prompt: prompt.clone(),
+                    delivery,
                     model: model.clone(),
-                    session: resume.as_ref().map(|r| r.session_id.clone()),
+                    session: resume
+                        .as_ref()
+                        .map(|r| r.session_id.clone())
+                        .or_else(|| task.session_id.clone().filter(|_| interrupted)),
+                    grants,
                 };
-                // The spend so far, on the task while it runs (earlier runs' usage included).
+                // The spend so far, on the task while it runs (earlier runs' usage included),
+                // checked against the task's budgets after every step.
                 let (store, prev) = (self.store.clone(), previous_usage(task));
                 let session = turn.session.clone();
-                let mut on_step = move |u: &Usage| {
+                let earlier_budget =
+                    task.questions.iter().filter_map(|q| q.ask.as_ref()?.budget.clone()).next();
+                let mut on_step = move |p: crate::serve::Progress<'_>| {
+                    let u = match p {
+                        crate::serve::Progress::Session(s) => {
+                            let facts =
+                                RunFacts { session_id: Some(s.to_owned()), ..Default::default() };
+                            if let Err(e) = store.record_run(id, token, facts) {
+                                tracing::debug!(task = %id, error = %e, "recording the session failed");
+                            }
+                            return crate::serve::Control::Go;
+                        }
+                        crate::serve::Progress::Approved(ask) => {
+                            let (store, ask) = (store.clone(), ask.clone());
+                            tokio::task::spawn_blocking(move || {
+                                let r = store.record_decision(id, token, &ask, "once", "rule");
+                                if let Err(e) = r {
+                                    tracing::debug!(task = %id, error = %e, "recording a decision failed");
+                                }
+                            });
+                            return crate::serve::Control::Go;
+                        }
+                        crate::serve::Progress::Step(u) => u,
+                    };
                     let mut usage = prev.clone();
                     usage.add(u);
+                    let (cost, tokens) =
+                        (usage.cost_usd, (usage.input_tokens + usage.output_tokens) as i64);
                     let partial =
                         TaskResult { usage, session_id: session.clone(), ..Default::default() };
                     let facts = RunFacts { result: Some(to_json(&partial)), ..Default::default() };
-                    let store = store.clone();
-                    tokio::task::spawn_blocking(move || {
-                        if let Err(e) = store.record_run(id, token, facts) {
-                            tracing::debug!(task = %id, error = %e, "recording the spend failed");
+                    // Read and written in place: both are single-row statements, and the budget
+                    // must be checked before the agent takes another step.
+                    if let Err(e) = store.record_run(id, token, facts) {
+                        tracing::debug!(task = %id, error = %e, "recording the spend failed");
+                    }
+                    match store.budget_of(id).map(|b| b.passed(cost, tokens)) {
+                        Ok(Some(mut stop)) => {
+                            if let Some(first) = &earlier_budget
+                                && first.limit == stop.limit
+                                && first.scope == stop.scope
+                            {
+                                stop.original = first.original;
+                            }
+                            crate::serve::Control::Stop(Box::new(queue::Ask::budget(stop)))
                         }
-                    });
+                        Ok(None) => crate::serve::Control::Go,
+                        Err(e) => {
+                            tracing::warn!(task = %id, error = %e, "reading the budget failed");
+                            crate::serve::Control::Go
+                        }
+                    }
                 };
                 match server.run(turn, log, stop.clone(), deadline, &mut on_step).await {
                     Ok(exit) => break exit,
@@ -701,6 +841,8 @@ impl Worker {
             let facts = RunFacts { session_id: Some(session.clone()), ..Default::default() };
             let _ = self.blocking(move |s| s.record_run(id, token, facts)).await;
         }
+        res.permission_requests = self.permission_requests(id).await;
+        res.permissions.extend(ask_permissions(task, serving));
 
         let failure = match exit.stopped {
             Some(StopReason::LostLease) => return Ok(None),
@@ -723,6 +865,12 @@ impl Worker {
                 (None, code) => Some(diagnose::exit_failure(code, &exit.stderr_tail)),
             },
         };
+        let failure = failure.or_else(|| {
+            rejected.map(|what| Diagnosis {
+                message: format!("stopped: the answer rejected {what}"),
+                retryable: false,
+            })
+        });
         if let Some(d) = failure {
             self.fill_diff(task, &dir, &mut res, false).await;
             if !d.retryable {
@@ -751,6 +899,16 @@ impl Worker {
                 question,
                 session_id,
                 result: Some(to_json(&res)),
+                ask: None,
+            }));
+        }
+        if let Some(ask) = exit.waiting {
+            let session_id = res.session_id.clone().unwrap_or_default();
+            return Ok(Some(Outcome::Waiting {
+                question: ask.text(),
+                session_id,
+                result: Some(to_json(&res)),
+                ask: Some(Box::new(ask)),
             }));
         }
         if task.readonly {
@@ -772,6 +930,25 @@ impl Worker {
             }
         }
         Ok(Some(Outcome::Done { result: to_json(&res) }))
+    }
+
+    /// Every permission request of the task so far, with its answer and who gave it.
+    async fn permission_requests(&self, id: TaskId) -> Vec<result::PermissionRequest> {
+        let Ok(task) = self.blocking(move |s| s.get(id)).await else { return vec![] };
+        task.questions
+            .iter()
+            .filter_map(|q| {
+                let p = q.ask.as_ref()?.permission.as_ref()?;
+                Some(result::PermissionRequest {
+                    permission: p.permission.clone(),
+                    patterns: p.patterns.clone(),
+                    target: p.target.clone(),
+                    answer: q.answer.clone(),
+                    answered_by: q.answered_by.clone(),
+                    asked_at: q.asked_at,
+                })
+            })
+            .collect()
     }
 
     /// An agent error, explained. OpenCode answers a model it does not offer with an
@@ -817,11 +994,9 @@ impl Worker {
     /// Runs the repository's set-up commands in a new worktree. Returns an error message if one
     /// fails.
     async fn setup(&self, task: &Task, dir: &Path, log: &mut TaskLog) -> Option<String> {
-        let path = Path::new(&task.repo).join(".taskbridge.toml");
-        let text = std::fs::read_to_string(&path).ok()?;
-        let cfg: RepoConfig = match toml::from_str(&text) {
+        let cfg = match RepoConfig::read(Path::new(&task.repo)) {
             Ok(c) => c,
-            Err(e) => return Some(format!("{} is not valid: {e}", path.display())),
+            Err(e) => return Some(e),
         };
         for cmd in cfg.setup.commands {
             log.line(&format!("setup: {cmd}"));
@@ -868,6 +1043,82 @@ fn previous_usage(task: &Task) -> Usage {
         .and_then(|r| serde_json::from_value::<TaskResult>(r.clone()).ok())
         .map(|r| r.usage)
         .unwrap_or_default()
+}
+
+/// The task's earlier `always` answers, as grants for the rest of the task.
+fn always_grants(task: &Task) -> crate::serve::Grants {
+    let mut grants = crate::serve::Grants::default();
+    for q in &task.questions {
+        let (Some(ask), Some(answer)) = (&q.ask, &q.answer) else { continue };
+        let Some(p) = &ask.permission else { continue };
+        if ask.parse_answer(answer) == Ok(queue::Answer::PermissionAlways) {
+            let patterns = if p.always.is_empty() { &p.patterns } else { &p.always };
+            grants.always.extend(patterns.iter().map(|pat| (p.permission.clone(), pat.clone())));
+        }
+    }
+    grants
+}
+
+/// The reply to the request the agent is blocked on. Notes that came with the answer join a
+/// question's answer (the agent reads the tool's result); an `always` is a `once` to OpenCode,
+/// whose own `always` would outlive the task, and TaskBridge approves the rest itself.
+fn native_reply(ask: &queue::Ask, answer: &str, notes: &[String]) -> crate::serve::Delivery {
+    use queue::Answer;
+    let request = ask.request_id.clone().unwrap_or_default();
+    let (path, body) = match ask.parse_answer(answer) {
+        Ok(Answer::Question(mut answers)) => {
+            if let Some(last) = answers.last_mut() {
+                last.extend(notes.iter().map(|n| format!("Note from the planner: {n}")));
+            }
+            (format!("/question/{request}/reply"), serde_json::json!({"answers": answers}))
+        }
+        Ok(Answer::PermissionOnce | Answer::PermissionAlways) => {
+            (format!("/permission/{request}/reply"), serde_json::json!({"reply": "once"}))
+        }
+        Ok(Answer::PermissionReject { feedback }) => {
+            let mut body = serde_json::json!({"reply": "reject"});
+            if let Some(f) = feedback {
+                body["message"] = f.into();
+            }
+            (format!("/permission/{request}/reply"), body)
+        }
+        _ => return crate::serve::Delivery::Prompt(answer_prompt(ask, answer)),
+    };
+    crate::serve::Delivery::Reply { path, body }
+}
+
+/// An answer as a new prompt in the session: the blocked request is gone (the server restarted,
+/// another worker took the task) or the agent was stopped (a budget).
+fn answer_prompt(ask: &queue::Ask, answer: &str) -> String {
+    use queue::Answer;
+    let end = "End as before with a taskbridge-result block.";
+    let what = |p: &queue::PermissionAsk| {
+        format!("{}: {}", p.permission, p.target.clone().unwrap_or_else(|| p.patterns.join(", ")))
+    };
+    match (ask.parse_answer(answer), &ask.permission) {
+        (Ok(Answer::PermissionOnce), Some(p)) => {
+            format!("You asked for permission to {}. It is approved: go on with it. {end}", what(p))
+        }
+        (Ok(Answer::PermissionAlways), Some(p)) => format!(
+            "You asked for permission to {}. It is approved for the rest of this task: go on \
+             with it. {end}",
+            what(p)
+        ),
+        (Ok(Answer::PermissionReject { feedback }), Some(p)) => format!(
+            "You asked for permission to {}. It was rejected: {}. Carry on without it. {end}",
+            what(p),
+            feedback.unwrap_or_else(|| "no reason given".into())
+        ),
+        (Ok(Answer::BudgetContinue(_)), _) => format!(
+            "You were paused because the task reached its budget; the planner raised the limit. \
+             Continue the task where you stopped. {end}"
+        ),
+        _ => format!(
+            "You asked:\n{}\n\nThe answer is: {}\n\nContinue the task with this answer. {end}",
+            ask.text(),
+            answer.trim()
+        ),
+    }
 }
 
 fn to_json(res: &TaskResult) -> serde_json::Value {
@@ -917,6 +1168,18 @@ pub fn with_bridge(inherited: Option<&str>, command: &[String]) -> String {
 pub fn permission_json(task: &Task) -> String {
     let mut p = serde_json::Map::new();
     p.insert("external_directory".into(), "deny".into());
+    // `ask` rules cannot ask here: what they would ask about is denied instead.
+    for rule in &task.ask_rules {
+        let Ok((perm, pattern)) = queue::parse_ask_rule(rule) else { continue };
+        if pattern == "*" {
+            p.insert(perm, "deny".into());
+            continue;
+        }
+        let entry = p.entry(perm).or_insert_with(|| serde_json::json!({"*": "allow"}));
+        if let Some(map) = entry.as_object_mut() {
+            map.insert(pattern, "deny".into());
+        }
+    }
     if task.readonly {
         p.insert("edit".into(), "deny".into());
     }
@@ -928,6 +1191,34 @@ pub fn permission_json(task: &Task) -> String {
         p.insert("websearch".into(), "deny".into());
     }
     serde_json::Value::Object(p).to_string()
+}
+
+/// How the task's `ask` rules held.
+fn ask_permissions(task: &Task, serving: bool) -> Vec<result::Permission> {
+    if task.ask_rules.is_empty() {
+        return vec![];
+    }
+    let rules = task.ask_rules.join(", ");
+    let (enforcement, how) = if serving {
+        (
+            "enforced",
+            format!("{rules}: ask rules in the session; each request waited for an answer"),
+        )
+    } else {
+        (
+            "enforced",
+            format!(
+                "{rules}: denied, since `opencode run` cannot wait for an answer (a worker with \
+                 --opencode serve asks)"
+            ),
+        )
+    };
+    vec![result::Permission {
+        flag: "ask".into(),
+        enabled: true,
+        enforcement: enforcement.into(),
+        how,
+    }]
 }
 
 fn shell_words(args: &[String]) -> String {

@@ -7,14 +7,17 @@
 //! The server's events are turned into the lines `opencode run --format json` prints, so the
 //! readable log, the raw event file and the result come from the same parser as in `run` mode.
 //!
-//! Not yet here (the rest of the "native OpenCode" work): native questions and permission
-//! approvals (the `question` tool is denied and every other permission allowed or denied by the
-//! task's flags, so nothing ever waits on the server), budgets.
+//! Decisions are native: the agent's `question` tool and the task's `ask` rules block the agent
+//! on a request in the server (`question.asked`, `permission.asked`). The run then ends with the
+//! decision, the task waits in the queue, and the request is *parked* here: when this worker
+//! claims the answered task again it replies on the request, so the agent's tool call returns the
+//! answer and the same turn goes on. If the server forgot the request (it restarted) or another
+//! worker claims the task, the answer goes in as a new prompt in the same session instead.
 
-use crate::events::RunLog;
+use crate::events::{RunLog, Usage};
 use crate::logs::TaskLog;
 use crate::process::{AgentExit, StopReason};
-use queue::Task;
+use queue::{AgentQuestion, Ask, PermissionAsk, QuestionOption, Task, TaskId};
 use serde_json::{Value, json};
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -26,10 +29,35 @@ use tokio::sync::watch;
 /// How long a new server may take to say it is listening.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// How often the record of what the server started is refreshed: a command started less than
+/// this before the server died may be missed when cleaning up after it.
+const TREE_REFRESH: Duration = Duration::from_millis(250);
+
+/// A turn that went on after the server died mid-turn is prompted again at most this often.
+const MAX_SERVER_RESTARTS_PER_TURN: u32 = 2;
+
+/// The prompt that continues a session whose run was interrupted.
+pub const INTERRUPTED: &str = include_str!("../../assets/interrupted.md");
+
 /// One `opencode serve` child and how to reach it.
 struct Running {
     child: tokio::process::Child,
+    pid: i32,
+    /// What the server has started, refreshed while it lives: OpenCode runs commands in
+    /// process groups of their own, which a dead server's pid no longer leads to.
+    tree: std::sync::Arc<std::sync::Mutex<crate::process::ProcessTree>>,
     port: u16,
+    /// Counts the servers this worker started: a request parked on an earlier one is gone.
+    generation: u64,
+}
+
+/// A request the agent is blocked on, in this worker's server, while its task waits.
+#[derive(Debug, Clone)]
+struct Parked {
+    session: String,
+    request_id: String,
+    dir: PathBuf,
+    generation: u64,
 }
 
 /// The worker's OpenCode server: started on first use, started again if it died.
@@ -42,16 +70,94 @@ pub struct ServeAgent {
     password: String,
     http: reqwest::Client,
     state: tokio::sync::Mutex<Option<Running>>,
+    generation: std::sync::atomic::AtomicU64,
+    parked: std::sync::Mutex<HashMap<TaskId, Parked>>,
+}
+
+/// How a turn begins.
+pub enum Delivery {
+    /// A prompt: a new task, an answer the server can no longer take natively, a continuation.
+    Prompt(String),
+    /// The answer to the request the agent is blocked on (`path` is the reply route).
+    Reply { path: String, body: Value },
+}
+
+/// Permission requests approved without asking: the task's earlier `always` answers, and an
+/// approval that arrives as a prompt after the blocked request was lost.
+#[derive(Debug, Clone, Default)]
+pub struct Grants {
+    /// (permission, pattern), for the rest of the task.
+    pub always: Vec<(String, String)>,
+    /// (permission, patterns), for the next matching request only.
+    pub once: Vec<(String, Vec<String>)>,
+}
+
+impl Grants {
+    /// Whether `p` is approved; a one-time approval is used up.
+    fn approves(&mut self, p: &PermissionAsk) -> bool {
+        if let Some(i) =
+            self.once.iter().position(|(perm, pats)| perm == &p.permission && pats == &p.patterns)
+        {
+            self.once.remove(i);
+            return true;
+        }
+        !p.patterns.is_empty()
+            && p.patterns.iter().all(|pat| {
+                self.always.iter().any(|(perm, glob)| {
+                    (perm == "*" || perm == &p.permission) && wildcard_match(glob, pat)
+                })
+            })
+    }
+}
+
+/// OpenCode's wildcard: `*` any run of characters, `?` one.
+pub fn wildcard_match(glob: &str, text: &str) -> bool {
+    let (g, t): (Vec<char>, Vec<char>) = (glob.chars().collect(), text.chars().collect());
+    let (mut gi, mut ti, mut star, mut mark) = (0, 0, None, 0);
+    while ti < t.len() {
+        if gi < g.len() && (g[gi] == '?' || g[gi] == t[ti]) {
+            gi += 1;
+            ti += 1;
+        } else if gi < g.len() && g[gi] == '*' {
+            star = Some(gi);
+            mark = ti;
+            gi += 1;
+        } else if let Some(s) = star {
+            gi = s + 1;
+            mark += 1;
+            ti = mark;
+        } else {
+            return false;
+        }
+    }
+    g[gi..].iter().all(|c| *c == '*')
+}
+
+/// What a run tells its caller as it goes.
+pub enum Progress<'a> {
+    /// The session the run is in (recorded at once, so that an interrupted task resumes it).
+    Session(&'a str),
+    /// A step finished: the run's usage so far.
+    Step(&'a Usage),
+    /// A permission request was approved by a grant, without asking.
+    Approved(&'a Ask),
+}
+
+/// The caller's word after a step: go on, or stop the agent with a decision (a budget).
+pub enum Control {
+    Go,
+    Stop(Box<Ask>),
 }
 
 /// What one prompt needs.
 pub struct Turn<'a> {
     pub task: &'a Task,
     pub dir: &'a Path,
-    pub prompt: String,
+    pub delivery: Delivery,
     pub model: Option<String>,
     /// The session to continue (a resume), or `None` for a new one.
     pub session: Option<String>,
+    pub grants: Grants,
 }
 
 fn io_err(e: impl std::fmt::Display) -> std::io::Error {
@@ -88,15 +194,19 @@ fn directory_query(dir: &Path) -> String {
     format!("directory={encoded}")
 }
 
-/// The task's flags as the session's permission rules. The last matching rule wins, and a
-/// request no rule matches would wait for an answer that nothing gives yet, so everything is
-/// allowed first; `question` is denied, which also hides the tool from the model.
+/// The task's rules as the session's permission rules. The last matching rule wins and a
+/// request no rule matches asks, so everything is allowed first; then the task's `ask` rules;
+/// then the flags' denies, which no `ask` rule may loosen.
 pub fn permission_rules(task: &Task) -> Value {
     let mut rules = vec![
         json!({"permission": "*", "pattern": "*", "action": "allow"}),
         json!({"permission": "external_directory", "pattern": "*", "action": "deny"}),
-        json!({"permission": "question", "pattern": "*", "action": "deny"}),
     ];
+    for rule in &task.ask_rules {
+        if let Ok((permission, pattern)) = queue::parse_ask_rule(rule) {
+            rules.push(json!({"permission": permission, "pattern": pattern, "action": "ask"}));
+        }
+    }
     let mut deny = |p: &str| rules.push(json!({"permission": p, "pattern": "*", "action": "deny"}));
     if task.readonly {
         deny("edit");
@@ -109,6 +219,55 @@ pub fn permission_rules(task: &Task) -> Value {
         deny("websearch");
     }
     Value::Array(rules)
+}
+
+/// The agent's questions from a `question.asked` event.
+fn questions_of(props: &Value) -> Vec<AgentQuestion> {
+    let text = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).map(str::to_owned);
+    props["questions"]
+        .as_array()
+        .map(|qs| {
+            qs.iter()
+                .map(|q| AgentQuestion {
+                    question: text(q, "question").unwrap_or_default(),
+                    header: text(q, "header"),
+                    options: q["options"]
+                        .as_array()
+                        .map(|os| {
+                            os.iter()
+                                .map(|o| QuestionOption {
+                                    label: text(o, "label").unwrap_or_default(),
+                                    description: text(o, "description"),
+                                })
+                                .collect()
+                        })
+                        .unwrap_or_default(),
+                    multiple: q["multiple"].as_bool().unwrap_or(false),
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The permission a `permission.asked` event asks for.
+fn permission_of(props: &Value) -> PermissionAsk {
+    let strings = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .map(|a| a.iter().filter_map(Value::as_str).map(str::to_owned).collect())
+            .unwrap_or_default()
+    };
+    let patterns = strings(&props["patterns"]);
+    let target = ["command", "filepath", "filePath", "path", "url", "pattern"]
+        .iter()
+        .find_map(|k| props.pointer(&format!("/metadata/{k}")).and_then(Value::as_str))
+        .map(str::to_owned)
+        .or_else(|| (!patterns.is_empty()).then(|| patterns.join(", ")));
+    PermissionAsk {
+        permission: props["permission"].as_str().unwrap_or("?").to_owned(),
+        patterns,
+        target,
+        always: strings(&props["always"]),
+    }
 }
 
 /// The name of a worker's server file (`<home>/servers/<this>.json`).
@@ -135,6 +294,55 @@ impl ServeAgent {
                 .build()
                 .unwrap_or_default(),
             state: tokio::sync::Mutex::new(None),
+            generation: Default::default(),
+            parked: Default::default(),
+        }
+    }
+
+    /// Whether the agent of `task` is still blocked on `request_id` in this worker's live
+    /// server, so the answer can go to it directly. The parked entry is taken either way.
+    pub async fn take_parked(&self, task: TaskId, request_id: &str) -> bool {
+        let parked = self.parked.lock().ok().and_then(|mut p| p.remove(&task));
+        let Some(parked) = parked else { return false };
+        let mut state = self.state.lock().await;
+        let live = state.as_mut().is_some_and(|r| {
+            r.generation == parked.generation && matches!(r.child.try_wait(), Ok(None))
+        });
+        live && parked.request_id == request_id
+    }
+
+    /// The tasks whose agents are parked here.
+    pub fn parked_tasks(&self) -> Vec<TaskId> {
+        self.parked.lock().map(|p| p.keys().copied().collect()).unwrap_or_default()
+    }
+
+    /// Aborts the sessions parked for tasks that `still_waiting` no longer sees waiting (they
+    /// were cancelled, or their question timed out), so that nothing runs on for them.
+    pub async fn sweep_parked(&self, still_waiting: impl Fn(TaskId) -> bool) {
+        let gone: Vec<(TaskId, Parked)> = match self.parked.lock() {
+            Ok(mut p) => {
+                let ids: Vec<TaskId> = p.keys().copied().filter(|id| !still_waiting(*id)).collect();
+                ids.into_iter().filter_map(|id| p.remove(&id).map(|x| (id, x))).collect()
+            }
+            Err(_) => return,
+        };
+        if gone.is_empty() {
+            return;
+        }
+        let port = match self.state.lock().await.as_ref() {
+            Some(r) => r.port,
+            None => return,
+        };
+        for (id, p) in gone {
+            let url = self.url(port, &format!("/session/{}/abort", p.session), &p.dir);
+            match self.post(&url, &json!({})).await {
+                Ok(_) => {
+                    tracing::info!(task = %id, "aborted the session of a task that stopped waiting")
+                }
+                Err(e) => {
+                    tracing::warn!(task = %id, error = %e, "aborting a parked session failed")
+                }
+            }
         }
     }
 
@@ -146,15 +354,22 @@ impl ServeAgent {
         {
             return Ok(r.port);
         }
-        if state.take().is_some() {
-            tracing::warn!("the OpenCode server had died; starting a new one");
+        if let Some(dead) = state.take() {
+            // What it ran must not outlive it.
+            if let Ok(mut tree) = dead.tree.lock() {
+                tree.refresh();
+                tree.signal(nix::sys::signal::Signal::SIGKILL);
+            }
+            tracing::warn!(pid = dead.pid, "the OpenCode server had died; starting a new one");
         }
         let mut last = None;
         // The server cannot pick a free port itself (`--port 0` means its default, 4096), so
         // one is chosen here; another process may take it in between, so try a few.
         for _ in 0..3 {
             match self.start().await {
-                Ok(r) => {
+                Ok(mut r) => {
+                    r.generation =
+                        self.generation.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
                     let port = r.port;
                     *state = Some(r);
                     return Ok(port);
@@ -171,6 +386,8 @@ impl ServeAgent {
             .args(["serve", "--port", &port.to_string(), "--hostname", "127.0.0.1"])
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .env("OPENCODE_SERVER_PASSWORD", &self.password)
+            // The agent's own question tool: TaskBridge answers it.
+            .env("OPENCODE_ENABLE_QUESTION_TOOL", "1")
             .process_group(0)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -208,20 +425,35 @@ impl ServeAgent {
                 }
             });
         }
+        let tree = std::sync::Arc::new(std::sync::Mutex::new(crate::process::ProcessTree::new(
+            pid as i32,
+        )));
+        let watched = std::sync::Arc::downgrade(&tree);
+        tokio::spawn(async move {
+            // Until the server is dropped (a new one replaced it, or the worker stopped).
+            while let Some(tree) = watched.upgrade() {
+                if let Ok(mut t) = tree.lock() {
+                    t.refresh();
+                }
+                drop(tree);
+                tokio::time::sleep(TREE_REFRESH).await;
+            }
+        });
         let started = crate::process::process_start_time(pid);
         if let Some(dir) = self.pid_file.parent() {
             let _ = std::fs::create_dir_all(dir);
         }
         let _ = std::fs::write(&self.pid_file, json!({"pid": pid, "started": started}).to_string());
         tracing::info!(port, pid, "OpenCode server started");
-        Ok(Running { child, port })
+        Ok(Running { child, pid: pid as i32, tree, port, generation: 0 })
     }
 
     /// Stops the server and everything it started.
     pub async fn shutdown(&self) {
         if let Some(mut r) = self.state.lock().await.take() {
-            if let Some(pid) = r.child.id() {
-                crate::process::kill_group(pid as i32);
+            if let Ok(mut tree) = r.tree.lock() {
+                tree.refresh();
+                tree.signal(nix::sys::signal::Signal::SIGKILL);
             }
             let _ = r.child.kill().await;
         }
@@ -249,20 +481,7 @@ impl ServeAgent {
         Ok(resp)
     }
 
-    /// Runs one prompt to the end of the agent's turn (or until stopped).
-    /// `on_step` hears the run's usage so far after every finished step, so a running task's
-    /// spend can be shown.
-    pub async fn run(
-        &self,
-        turn: Turn<'_>,
-        log: &mut TaskLog,
-        mut stop: watch::Receiver<Option<StopReason>>,
-        deadline: tokio::time::Instant,
-        on_step: &mut (dyn FnMut(&crate::events::Usage) + Send),
-    ) -> std::io::Result<AgentExit> {
-        let port = self.ensure().await?;
-        let dir = turn.dir;
-        // Subscribe before prompting, so no event of the turn is missed.
+    async fn subscribe(&self, port: u16, dir: &Path) -> std::io::Result<SseLines> {
         let events = self
             .http
             .get(self.url(port, "/event", dir))
@@ -271,8 +490,43 @@ impl ServeAgent {
             .send()
             .await
             .map_err(io_err)?;
-        let mut events = SseLines::new(events);
-        let session = match turn.session {
+        Ok(SseLines::new(events))
+    }
+
+    async fn prompt(
+        &self,
+        port: u16,
+        turn: &Turn<'_>,
+        session: &str,
+        text: &str,
+    ) -> std::io::Result<()> {
+        let mut prompt = json!({"parts": [{"type": "text", "text": text}]});
+        if let Some((provider, model)) = turn.model.as_deref().and_then(|m| m.split_once('/')) {
+            prompt["model"] = json!({"providerID": provider, "modelID": model});
+        }
+        if let Some(agent) = &turn.task.agent {
+            prompt["agent"] = json!(agent);
+        }
+        let url = self.url(port, &format!("/session/{session}/prompt_async"), turn.dir);
+        self.post(&url, &prompt).await.map(|_| ())
+    }
+
+    /// Runs one prompt (or one reply) to the end of the agent's turn, until it is stopped, or
+    /// until the agent blocks on a decision (`AgentExit::waiting`). `on_progress` hears every
+    /// finished step's usage so far, and may stop the agent with a decision of its own.
+    pub async fn run(
+        &self,
+        mut turn: Turn<'_>,
+        log: &mut TaskLog,
+        mut stop: watch::Receiver<Option<StopReason>>,
+        deadline: tokio::time::Instant,
+        on_progress: &mut (dyn FnMut(Progress<'_>) -> Control + Send),
+    ) -> std::io::Result<AgentExit> {
+        let mut port = self.ensure().await?;
+        let dir = turn.dir;
+        // Subscribe before prompting, so no event of the turn is missed.
+        let mut events = self.subscribe(port, dir).await?;
+        let session = match turn.session.clone() {
             Some(s) => s,
             None => {
                 let body = json!({
@@ -289,20 +543,23 @@ impl ServeAgent {
             }
         };
         log.line(&format!("OpenCode server on port {port}: session {session}"));
-        let mut prompt = json!({"parts": [{"type": "text", "text": turn.prompt}]});
-        if let Some((provider, model)) = turn.model.as_deref().and_then(|m| m.split_once('/')) {
-            prompt["model"] = json!({"providerID": provider, "modelID": model});
+        on_progress(Progress::Session(&session));
+        let mut state = TurnState::default();
+        match std::mem::replace(&mut turn.delivery, Delivery::Prompt(String::new())) {
+            Delivery::Prompt(text) => self.prompt(port, &turn, &session, &text).await?,
+            Delivery::Reply { path, body } => {
+                // The agent is mid-turn, blocked on the request this answers.
+                state.busy = true;
+                self.post(&self.url(port, &path, dir), &body).await?;
+                log.line("answered the agent's pending request; its turn goes on");
+            }
         }
-        if let Some(agent) = &turn.task.agent {
-            prompt["agent"] = json!(agent);
-        }
-        let url = self.url(port, &format!("/session/{session}/prompt_async"), dir);
-        self.post(&url, &prompt).await?;
 
         let mut run = RunLog { session_id: Some(session.clone()), ..Default::default() };
-        let mut state = TurnState::default();
         let mut stopped = None;
-        loop {
+        let mut waiting = None;
+        let mut restarts = 0;
+        'turn: loop {
             tokio::select! {
                 ev = events.next() => match ev {
                     Some(data) => {
@@ -320,14 +577,47 @@ impl ServeAgent {
                         {
                             run.model_seen = Some(format!("{p}/{m}"));
                         }
+                        let props = &ev["properties"];
+                        let request = props["id"].as_str().unwrap_or("").to_owned();
+                        match ev["type"].as_str().unwrap_or("") {
+                            "question.asked" => {
+                                let mut ask = Ask::question(questions_of(props));
+                                ask.request_id = Some(request);
+                                log.line(&format!("the agent asks: {}", ask.text()));
+                                waiting = Some(ask);
+                                break 'turn;
+                            }
+                            "permission.asked" => {
+                                let asked = permission_of(props);
+                                let approved = turn.grants.approves(&asked);
+                                let mut ask = Ask::permission(asked);
+                                if approved {
+                                    let url = self.url(port, &format!("/permission/{request}/reply"), dir);
+                                    self.post(&url, &json!({"reply": "once"})).await?;
+                                    log.line(&format!("approved by an earlier answer: {}", ask.text()));
+                                    on_progress(Progress::Approved(&ask));
+                                    continue;
+                                }
+                                ask.request_id = Some(request);
+                                log.line(&format!("the agent asks for {}", ask.text()));
+                                waiting = Some(ask);
+                                break 'turn;
+                            }
+                            _ => {}
+                        }
                         for line in state.lines(&session, &ev, log) {
                             log.raw(&line);
                             let steps = run.usage.steps;
                             if let Some(text) = run.ingest(&line) {
                                 log.line(&text);
                             }
-                            if run.usage.steps != steps {
-                                on_step(&run.usage);
+                            if run.usage.steps != steps
+                                && let Control::Stop(ask) = on_progress(Progress::Step(&run.usage))
+                            {
+                                log.line(&format!("stopping the agent: {}", ask.text()));
+                                self.abort(port, &session, dir).await;
+                                waiting = Some(*ask);
+                                break 'turn;
                             }
                         }
                         if state.finished {
@@ -335,8 +625,18 @@ impl ServeAgent {
                         }
                     }
                     None => {
-                        // The stream ended: the server went away mid-turn.
-                        return Err(io_err("the OpenCode server closed its event stream mid-turn"));
+                        // The stream ended: the server went away mid-turn. A new one can go on
+                        // in the same session (it is in OpenCode's database).
+                        restarts += 1;
+                        if restarts > MAX_SERVER_RESTARTS_PER_TURN {
+                            return Err(io_err("the OpenCode server closed its event stream mid-turn, again after restarting"));
+                        }
+                        log.line("the OpenCode server went away mid-turn; continuing the session on a new one");
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        port = self.ensure().await?;
+                        events = self.subscribe(port, dir).await?;
+                        state = TurnState::default();
+                        self.prompt(port, &turn, &session, INTERRUPTED).await?;
                     }
                 },
                 _ = stop.changed(), if stopped.is_none() => {
@@ -353,12 +653,30 @@ impl ServeAgent {
         }
         if let Some(reason) = stopped {
             log.line(&format!("stopping the agent ({reason:?}): aborting its session"));
-            let url = self.url(port, &format!("/session/{session}/abort"), dir);
-            if let Err(e) = self.post(&url, &json!({})).await {
-                tracing::warn!(error = %e, "aborting the session failed");
+            self.abort(port, &session, dir).await;
+        }
+        if let Some(ask) = &waiting
+            && let Some(request_id) = &ask.request_id
+        {
+            let generation = self.state.lock().await.as_ref().map(|r| r.generation).unwrap_or(0);
+            let parked = Parked {
+                session: session.clone(),
+                request_id: request_id.clone(),
+                dir: dir.to_path_buf(),
+                generation,
+            };
+            if let Ok(mut p) = self.parked.lock() {
+                p.insert(turn.task.id, parked);
             }
         }
-        Ok(AgentExit { exit_code: Some(0), stopped, stderr_tail: String::new(), run })
+        Ok(AgentExit { exit_code: Some(0), stopped, stderr_tail: String::new(), run, waiting })
+    }
+
+    async fn abort(&self, port: u16, session: &str, dir: &Path) {
+        let url = self.url(port, &format!("/session/{session}/abort"), dir);
+        if let Err(e) = self.post(&url, &json!({})).await {
+            tracing::warn!(error = %e, "aborting the session failed");
+        }
     }
 }
 
@@ -484,5 +802,63 @@ pub fn kill_orphaned_servers(home: &queue::Home, alive: impl Fn(&str) -> bool) {
             tracing::warn!(pid, "killed the OpenCode server of a dead worker");
         }
         let _ = std::fs::remove_file(e.path());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wildcards_match_as_opencode_reads_them() {
+        assert!(wildcard_match("git push *", "git push origin main"));
+        assert!(wildcard_match("*", ""));
+        assert!(wildcard_match("*.lock", "Cargo.lock"));
+        assert!(wildcard_match("a?c", "abc"));
+        assert!(!wildcard_match("git push *", "git pull"));
+        assert!(!wildcard_match("*.lock", "Cargo.lock.bak"));
+    }
+
+    #[test]
+    fn an_always_grant_covers_its_pattern_and_a_once_grant_is_used_up() {
+        let ask = |pat: &str| PermissionAsk {
+            permission: "bash".into(),
+            patterns: vec![pat.into()],
+            target: None,
+            always: vec![],
+        };
+        let mut g = Grants { always: vec![("bash".into(), "git push *".into())], once: vec![] };
+        assert!(g.approves(&ask("git push origin")));
+        assert!(!g.approves(&ask("rm -rf /")));
+        g.once.push(("bash".into(), vec!["rm -rf build".into()]));
+        assert!(g.approves(&ask("rm -rf build")));
+        assert!(!g.approves(&ask("rm -rf build")), "once means once");
+    }
+
+    #[test]
+    fn the_flags_denies_come_after_the_ask_rules_so_no_ask_loosens_them() {
+        let task = queue::Task {
+            ask_rules: vec!["bash:git push*".into()],
+            no_shell: true,
+            ..serde_json::from_value(serde_json::json!({
+                "id": 1, "title": "t", "prompt": "p", "repo": "/r", "base": "b", "priority": 0,
+                "depends_on": [], "waiting_on": [], "model": null, "agent": null, "readonly": false,
+                "no_network": false, "no_shell": true, "worktree_keep": false, "max_attempts": 1,
+                "timeout_s": 1, "question_timeout_s": null, "request_id": null, "status": "queued",
+                "display_status": "queued", "question": null, "questions": [], "notes": [],
+                "session_id": null, "result": null, "error": null, "attempts": 0, "worker": null,
+                "lease_until": null, "cancel_requested": false, "branch": null, "worktree": null,
+                "created_at": 0.0, "started_at": null, "finished_at": null, "updated_at": 0.0,
+                "not_before": null
+            }))
+            .unwrap()
+        };
+        let rules = permission_rules(&task);
+        let rules = rules.as_array().unwrap();
+        let ask = rules.iter().position(|r| r["action"] == "ask").unwrap();
+        let deny = rules.iter().rposition(|r| r["permission"] == "bash").unwrap();
+        assert!(deny > ask, "{rules:?}");
+        assert_eq!(rules[deny]["action"], "deny");
+        assert!(!rules.iter().any(|r| r["permission"] == "question"), "the question tool is on");
     }
 }

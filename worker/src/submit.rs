@@ -26,11 +26,16 @@ impl SubmitRequest {
     pub fn resolve(self, cwd: &Path) -> Result<TaskSpec> {
         let repo = if self.repo.is_absolute() { self.repo } else { cwd.join(&self.repo) };
         let resolved = git::resolve_repo(&repo, self.base_ref.as_deref())?;
-        Ok(TaskSpec {
-            repo: resolved.toplevel.display().to_string(),
-            base: resolved.base,
-            ..self.spec
-        })
+        let mut spec = self.spec;
+        // The repository's own `ask` rules join the task's.
+        let repo_cfg =
+            crate::runner::RepoConfig::read(&resolved.toplevel).map_err(crate::Error::Config)?;
+        for rule in repo_cfg.permissions.ask {
+            if !spec.ask.contains(&rule) {
+                spec.ask.push(rule);
+            }
+        }
+        Ok(TaskSpec { repo: resolved.toplevel.display().to_string(), base: resolved.base, ..spec })
     }
 }
 
@@ -51,6 +56,7 @@ pub fn submit_batch(
     cwd: &Path,
     opencode: &Path,
     reqs: Vec<SubmitRequest>,
+    shared: queue::Budget,
 ) -> Result<Submitted> {
     let mut warnings = Vec::new();
     let mut checked = std::collections::BTreeSet::new();
@@ -62,7 +68,7 @@ pub fn submit_batch(
         }
     }
     let specs = reqs.into_iter().map(|r| r.resolve(cwd)).collect::<Result<Vec<_>>>()?;
-    let tasks = store.submit_batch(specs)?;
+    let tasks = store.submit_batch_budgeted(specs, shared)?;
     let alive = store.list_workers()?.iter().filter(|w| !w.stopped && !w.stale).count();
     if alive == 0 && tasks.iter().any(|(t, _)| !t.status.is_terminal()) {
         warnings.push(
@@ -81,7 +87,7 @@ pub fn submit(
     opencode: &Path,
     req: SubmitRequest,
 ) -> Result<(Task, bool, Vec<String>)> {
-    let mut out = submit_batch(store, cwd, opencode, vec![req])?;
+    let mut out = submit_batch(store, cwd, opencode, vec![req], queue::Budget::default())?;
     let (task, created) =
         out.tasks.pop().ok_or_else(|| crate::Error::Config("nothing was submitted".into()))?;
     Ok((task, created, out.warnings))

@@ -1,0 +1,384 @@
+//! End to end in `--opencode serve` mode: the agent's own decisions. The real OpenCode server
+//! (pinned) runs against the loopback mock of the Messages API; the mock's scripted turns call
+//! OpenCode's `question` tool, run commands that an `ask` rule holds for approval, and spend.
+//! Every answer goes through the real binary (the CLI) or a real MCP client.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use serde_json::{Value, json};
+use std::time::Duration;
+use support::mock_anthropic::{MockAnthropic, Turn};
+use support::*;
+
+const RUN: Duration = Duration::from_secs(120);
+
+fn result_block(summary: &str) -> String {
+    format!(
+        "Finished.\n\n```taskbridge-result\n{}\n```",
+        json!({"summary": summary, "tests_run": [], "open_questions": []})
+    )
+}
+
+/// A turn that calls OpenCode's `question` tool with one question and its options.
+fn ask_colour(multiple: bool) -> Turn {
+    Turn::tool(
+        "question",
+        json!({"questions": [{
+            "question": "Which colour should the banner be?",
+            "header": "Banner colour",
+            "options": [
+                {"label": "red", "description": "Warm and loud"},
+                {"label": "blue", "description": "Calm"},
+                {"label": "green", "description": "Fresh"},
+            ],
+            "multiple": multiple,
+        }]}),
+    )
+}
+
+/// The tool results the model was sent in a request (its last user message).
+fn tool_results(req: &Value) -> String {
+    let last = req["messages"].as_array().unwrap().last().unwrap();
+    last["content"]
+        .as_array()
+        .map(|blocks| {
+            blocks
+                .iter()
+                .filter(|b| b["type"] == "tool_result")
+                .map(|b| b["content"].to_string())
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+        .unwrap_or_default()
+}
+
+fn serve_worker(env: &Env) -> Child {
+    env.start_worker_with(1, &["--opencode", "serve"])
+}
+
+#[test]
+fn a_native_question_answered_with_an_option_label_returns_to_the_same_tool_call() {
+    let env = Env::new();
+    let mock = MockAnthropic::spawn(vec![]);
+    let env = env.with_mock(&mock);
+    let id = env.submit(&["Add a banner"]);
+    let banner = env.worktree(id).join("banner.txt");
+    mock.push([
+        ask_colour(false),
+        Turn::tool("write", json!({"filePath": banner, "content": "blue\n"})),
+        Turn::text(result_block("Made a blue banner.")),
+    ]);
+    let _worker = serve_worker(&env);
+    let t = env.wait_status(id, "waiting", RUN);
+    let ask = &t["ask"];
+    assert_eq!(ask["kind"], "question", "{t:#}");
+    assert_eq!(ask["questions"][0]["question"], "Which colour should the banner be?");
+    assert_eq!(ask["questions"][0]["header"], "Banner colour");
+    let labels: Vec<&str> = ask["questions"][0]["options"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["label"].as_str().unwrap())
+        .collect();
+    assert_eq!(labels, ["red", "blue", "green"]);
+    assert_eq!(ask["questions"][0]["options"][1]["description"], "Calm");
+    assert!(t["question"].as_str().unwrap().contains("one of: red, blue, green"), "{t:#}");
+    // `show` prints the choices too.
+    let shown = env.ok(&["show", &id.to_string()]);
+    assert!(shown.contains("blue") && shown.contains("Calm"), "{shown}");
+    let session = t["session_id"].as_str().unwrap().to_owned();
+    let requests_before = mock.requests().len();
+
+    env.ok(&["answer", &id.to_string(), "Blue"]);
+    let t = env.wait_status(id, "done", RUN);
+    assert_eq!(t["result"]["summary"], "Made a blue banner.");
+    assert_eq!(t["session_id"], session);
+    assert_eq!(t["attempts"], 1);
+    assert_eq!(t["questions"][0]["answer"], "Blue");
+    assert_eq!(t["questions"][0]["answered_by"], "cli");
+    let branch = t["result"]["branch"].as_str().unwrap();
+    assert_eq!(git_out(&env.repo, &["show", &format!("{branch}:banner.txt")]), "blue");
+
+    // The answer came back as the question tool's result, in the same turn: the request after
+    // the answer carries it as a tool result (not a new user prompt).
+    let reqs = mock.requests();
+    assert_eq!(reqs.len(), requests_before + 2, "one request per scripted turn after the answer");
+    let after = &reqs[requests_before];
+    let results = tool_results(after);
+    assert!(results.contains("blue"), "the tool result carries the label: {results}");
+    assert!(
+        !after["messages"].to_string().contains("The answer is:"),
+        "no new prompt was sent: {}",
+        after["messages"]
+    );
+    let log = env.log(id);
+    assert!(log.contains("answered the agent's pending request"), "{log}");
+}
+
+#[test]
+fn a_native_question_answered_with_free_text_over_mcp_goes_on_in_the_same_session() {
+    let env = Env::new();
+    let mock = MockAnthropic::spawn(vec![
+        ask_colour(true),
+        Turn::text(result_block("Used the colour the planner described.")),
+    ]);
+    let env = env.with_mock(&mock);
+    let id = env.submit(&["Add a banner"]);
+    let _worker = serve_worker(&env);
+    let t = env.wait_status(id, "waiting", RUN);
+    assert_eq!(t["ask"]["questions"][0]["multiple"], true);
+    let session = t["session_id"].as_str().unwrap().to_owned();
+
+    let answer = python_mcp_call(
+        &env,
+        "answer_task",
+        json!({"task_id": id, "answer": "a dark teal, like the logo"}),
+    );
+    assert_eq!(answer["status"], "queued", "{answer:#}");
+    let t = env.wait_status(id, "done", RUN);
+    assert_eq!(t["session_id"], session);
+    let by = t["questions"][0]["answered_by"].as_str().unwrap();
+    assert!(by.starts_with("mcp:"), "who answered: {by}");
+    let reqs = mock.requests();
+    let results = tool_results(reqs.last().unwrap());
+    assert!(results.contains("a dark teal, like the logo"), "{results}");
+}
+
+/// One MCP tool call with the official Python SDK against `taskbridge mcp` over stdio.
+fn python_mcp_call(env: &Env, tool: &str, args: Value) -> Value {
+    let script = r#"
+import asyncio, json, os, sys
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+async def main():
+    params = StdioServerParameters(command=sys.argv[1], args=["mcp", "--no-worker"], env=dict(os.environ))
+    async with stdio_client(params) as (r, w):
+        async with ClientSession(r, w) as s:
+            await s.initialize()
+            res = await s.call_tool(sys.argv[2], json.loads(sys.argv[3]))
+            print(res.content[0].text)
+asyncio.run(main())
+"#;
+    let out = std::process::Command::new(python())
+        .arg("-c")
+        .arg(script)
+        .arg(bin())
+        .arg(tool)
+        .arg(args.to_string())
+        .envs(env.env_vars())
+        .current_dir(&env.repo)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "python: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn permission_requests(t: &Value) -> Vec<Value> {
+    t["result"]["permission_requests"].as_array().cloned().unwrap_or_default()
+}
+
+#[test]
+fn a_permission_request_answered_once_lets_the_command_run() {
+    let env = Env::new();
+    let mock = MockAnthropic::spawn(vec![
+        Turn::bash("echo deploy-now > deployed.txt"),
+        Turn::text(result_block("Deployed.")),
+    ]);
+    let env = env.with_mock(&mock);
+    let id = env.submit(&["Deploy it", "--ask", "bash:echo deploy*"]);
+    let _worker = serve_worker(&env);
+    let t = env.wait_status(id, "waiting", RUN);
+    let ask = &t["ask"];
+    assert_eq!(ask["kind"], "permission", "{t:#}");
+    assert_eq!(ask["permission"]["permission"], "bash");
+    assert_eq!(ask["permission"]["target"], "echo deploy-now > deployed.txt");
+    assert_eq!(ask["choices"], json!(["once", "always", "reject"]));
+    assert!(!env.worktree(id).join("deployed.txt").exists(), "nothing ran before the answer");
+    let refused = env.run(&["answer", &id.to_string(), "sure"]);
+    assert!(!refused.status.success());
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("once") && err.contains("reject:"), "{err}");
+
+    env.ok(&["answer", &id.to_string(), "once"]);
+    let t = env.wait_status(id, "done", RUN);
+    let branch = t["result"]["branch"].as_str().unwrap();
+    assert_eq!(git_out(&env.repo, &["show", &format!("{branch}:deployed.txt")]), "deploy-now");
+    let reqs = permission_requests(&t);
+    assert_eq!(reqs.len(), 1, "{t:#}");
+    assert_eq!(reqs[0]["permission"], "bash");
+    assert_eq!(reqs[0]["answer"], "once");
+    assert_eq!(reqs[0]["answered_by"], "cli");
+}
+
+#[test]
+fn a_permission_rejected_with_feedback_reaches_the_model_and_the_command_never_runs() {
+    let env = Env::new();
+    let mock = MockAnthropic::spawn(vec![
+        Turn::bash("echo deploy-prod > deployed.txt"),
+        Turn::text(result_block("Used the staging branch instead.")),
+    ]);
+    let env = env.with_mock(&mock);
+    // Submitted over MCP, whose `ask` is an array of the same rules.
+    let t = python_mcp_call(
+        &env,
+        "submit_task",
+        json!({"prompt": "Deploy it", "ask": ["bash:echo deploy*"]}),
+    );
+    let id = t["task_id"].as_i64().unwrap();
+    assert_eq!(t["ask_rules"], json!(["bash:echo deploy*"]), "{t:#}");
+    let _worker = serve_worker(&env);
+    env.wait_status(id, "waiting", RUN);
+    env.ok(&["answer", &id.to_string(), "reject: use the staging branch"]);
+    let t = env.wait_status(id, "done", RUN);
+    assert_eq!(t["result"]["summary"], "Used the staging branch instead.");
+    assert!(t["result"]["files_touched"].as_array().unwrap().is_empty(), "{t:#}");
+    let results = tool_results(mock.requests().last().unwrap());
+    assert!(
+        results.contains("use the staging branch"),
+        "the feedback reached the model: {results}"
+    );
+    assert_eq!(permission_requests(&t)[0]["answer"], "reject: use the staging branch");
+}
+
+#[test]
+fn always_approves_the_rest_of_the_task_without_asking_again() {
+    let env = Env::new();
+    let mock = MockAnthropic::spawn(vec![
+        Turn::bash("echo deploy-one >> deployed.txt"),
+        Turn::bash("echo deploy-two >> deployed.txt"),
+        Turn::text(result_block("Deployed twice.")),
+    ]);
+    let env = env.with_mock(&mock);
+    let id = env.submit(&["Deploy twice", "--ask", "bash:echo deploy*"]);
+    let _worker = serve_worker(&env);
+    env.wait_status(id, "waiting", RUN);
+    env.ok(&["answer", &id.to_string(), "always"]);
+    let t = env.wait_status(id, "done", RUN);
+    let branch = t["result"]["branch"].as_str().unwrap();
+    assert_eq!(
+        git_out(&env.repo, &["show", &format!("{branch}:deployed.txt")]),
+        "deploy-one\ndeploy-two"
+    );
+    let reqs = permission_requests(&t);
+    assert_eq!(reqs.len(), 2, "both requests are listed: {t:#}");
+    assert_eq!(reqs[0]["answered_by"], "cli");
+    assert_eq!(reqs[1]["answered_by"], "rule", "the second was approved by the first answer");
+    assert_eq!(t["questions"].as_array().unwrap().len(), 2);
+}
+
+/// Each mock turn reports 100+n input and 20+n output tokens: two steps pass 150.
+fn spender() -> MockAnthropic {
+    MockAnthropic::spawn(vec![
+        Turn::bash("echo one >> steps.txt"),
+        Turn::bash("echo two >> steps.txt"),
+        Turn::bash("echo three >> steps.txt"),
+        Turn::text(result_block("Spent and finished.")),
+    ])
+}
+
+#[test]
+fn a_budget_reached_waits_and_continue_raises_it_until_the_task_finishes() {
+    let env = Env::new();
+    let mock = spender();
+    let env = env.with_mock(&mock);
+    let id = env.submit(&["Spend", "--max-tokens", "150"]);
+    let _worker = serve_worker(&env);
+    let t = env.wait_status(id, "waiting", RUN);
+    assert_eq!(t["ask"]["kind"], "budget", "{t:#}");
+    let b = &t["ask"]["budget"];
+    assert_eq!(b["limit"], "tokens");
+    assert_eq!(b["max"], 150.0);
+    assert!(b["spent"].as_f64().unwrap() > 150.0, "{b}");
+    assert!(t["question"].as_str().unwrap().contains("of 150 tokens"), "{t:#}");
+    // The running spend was on the task while it ran, and stays.
+    let used = t["result"]["usage"]["input_tokens"].as_u64().unwrap()
+        + t["result"]["usage"]["output_tokens"].as_u64().unwrap();
+    assert_eq!(used as f64, b["spent"].as_f64().unwrap());
+    let session = t["session_id"].clone();
+
+    env.ok(&["answer", &id.to_string(), "continue 10000"]);
+    let t = env.wait_status(id, "done", RUN);
+    assert_eq!(t["budget"]["max_tokens"], 10000);
+    assert_eq!(t["result"]["summary"], "Spent and finished.");
+    assert_eq!(t["session_id"], session, "the budget stop went on in the same session");
+    let status: Value = serde_json::from_str(&env.ok(&["status", "--json"])).unwrap();
+    assert!(status["spend_today"]["tokens"].as_i64().unwrap() >= used as i64, "{status:#}");
+}
+
+#[test]
+fn a_budget_stop_fails_the_task_naming_the_budget_and_leaves_nothing_running() {
+    let env = Env::new();
+    let mock = spender();
+    let env = env.with_mock(&mock);
+    let id = env.submit(&["Spend", "--max-tokens", "150"]);
+    let _worker = serve_worker(&env);
+    env.wait_status(id, "waiting", RUN);
+    let before = mock.requests().len();
+    env.ok(&["answer", &id.to_string(), "stop"]);
+    let t = env.wait_status(id, "failed", RUN);
+    let error = t["error"].as_str().unwrap();
+    assert!(error.contains("task budget") && error.contains("of 150 tokens"), "{error}");
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(mock.requests().len(), before, "the agent made no request after the stop");
+}
+
+#[test]
+fn kill_9_of_the_opencode_server_alone_restarts_it_and_the_task_goes_on_in_its_session() {
+    let env = Env::new();
+    let mock = MockAnthropic::spawn(vec![
+        sleeper("pgid.txt"),
+        Turn::text(result_block("Finished after the agent's server died.")),
+    ]);
+    let env = env.with_mock(&mock);
+    let id = env.submit(&["Survive the agent's server"]);
+    let _worker = serve_worker(&env);
+    let pgid = read_pgid(&env.worktree(id).join("pgid.txt"));
+    let server = server_pid(&env).unwrap();
+    let session = env.show(id)["session_id"].as_str().unwrap().to_owned();
+    // The worker keeps a record of what its server started, refreshed every 250 ms.
+    std::thread::sleep(Duration::from_secs(1));
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(server), nix::sys::signal::SIGKILL).unwrap();
+
+    let t = env.wait_status(id, "done", RUN);
+    assert_eq!(t["result"]["summary"], "Finished after the agent's server died.");
+    assert_eq!(t["session_id"], session, "the same session went on");
+    assert_eq!(t["attempts"], 1, "the worker did not lose the task");
+    assert!(!group_alive(pgid), "the dead server's command was stopped");
+    let new_server = server_pid(&env).unwrap();
+    assert_ne!(new_server, server, "a new server was started");
+    let last = mock.requests().last().unwrap()["messages"].to_string();
+    assert!(last.contains("was interrupted"), "{last}");
+    assert!(env.log(id).contains("continuing the session on a new one"), "{}", env.log(id));
+}
+
+#[test]
+fn an_answer_given_after_the_worker_died_arrives_as_a_new_prompt_in_the_same_session() {
+    let env = Env::new();
+    let mock = MockAnthropic::spawn(vec![
+        ask_colour(false),
+        Turn::text(result_block("Blue it is, after a restart.")),
+    ]);
+    let env = env.with_mock(&mock);
+    let id = env.submit(&["Add a banner"]);
+    let mut worker = serve_worker(&env);
+    let t = env.wait_status(id, "waiting", RUN);
+    let session = t["session_id"].as_str().unwrap().to_owned();
+    let server = server_pid(&env).unwrap();
+    worker.0.kill().unwrap(); // SIGKILL: the pending request dies with its server
+    worker.0.wait().unwrap();
+    env.ok(&["answer", &id.to_string(), "blue"]);
+
+    let _worker = serve_worker(&env);
+    assert!(
+        eventually(Duration::from_secs(10), || !group_alive(server)),
+        "the dead worker's server was killed"
+    );
+    let t = env.wait_status(id, "done", RUN);
+    assert_eq!(t["result"]["summary"], "Blue it is, after a restart.");
+    assert_eq!(t["session_id"], session);
+    assert_eq!(t["attempts"], 1, "an answer does not use an attempt");
+    let last = mock.requests().last().unwrap()["messages"].to_string();
+    assert!(last.contains("Which colour should the banner be?"), "{last}");
+    assert!(last.contains("The answer is: blue"), "{last}");
+}
