@@ -6,9 +6,10 @@
 //!   cargo test  --bench agents       small run (3 tasks per mode): a smoke test
 //!
 //! Prints `bench=agent.<mode> n=.. first_request_p50_ms=.. done_p50_ms=..` per mode: submit →
-//! the agent's first request at the mock, and submit → `done`; then the ratios. One warm-up task
-//! per mode is not counted (OpenCode's first run sets up its database; the server's first
-//! prompt loads its providers).
+//! the agent's first request at the mock, and submit → `done`; then the ratios; then, on the
+//! warm server, `bench=agent.serve.answer`: a native question answered → the agent's next
+//! request. One warm-up task per mode is not counted (OpenCode's first run sets up its
+//! database; the server's first prompt in a directory sets up that directory).
 #![allow(clippy::unwrap_used, dead_code)]
 
 mod common;
@@ -39,15 +40,30 @@ fn p50(v: &[f64]) -> f64 {
     v[v.len() / 2]
 }
 
-fn measure(mode: &str, n: usize) -> Figures {
+/// A worker in `mode` on a fresh home, against `mock`.
+struct Rig {
+    _dir: tempfile::TempDir,
+    repo: PathBuf,
+    store: queue::Store,
+    worker: std::process::Child,
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        // SIGTERM: the worker stops its OpenCode server with it.
+        let _ = Command::new("kill").arg(self.worker.id().to_string()).status();
+        let _ = self.worker.wait();
+    }
+}
+
+fn rig(mode: &str, mock: &MockAnthropic) -> Rig {
     let dir = tempfile::tempdir().unwrap();
     let repo = common::repo(dir.path(), "repo");
-    let mock = MockAnthropic::spawn((0..=n).map(|_| Turn::text("Done.")).collect());
     let oc_home = dir.path().join("ochome");
     let home = queue::Home::resolve(Some(dir.path().join("home"))).unwrap();
     home.ensure().unwrap();
     let store = queue::Store::open(home.db_path()).unwrap();
-    let mut worker = Command::new(env!("CARGO_BIN_EXE_taskbridge"))
+    let worker = Command::new(env!("CARGO_BIN_EXE_taskbridge"))
         .args(["worker", "--concurrency", "1", "--opencode", mode])
         .env("TASKBRIDGE_HOME", home.root())
         .env("TASKBRIDGE_OPENCODE", opencode())
@@ -66,12 +82,37 @@ fn measure(mode: &str, n: usize) -> Figures {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
+    Rig { _dir: dir, repo, store, worker }
+}
+
+fn wait_until(
+    store: &queue::Store,
+    id: queue::TaskId,
+    what: &str,
+    ok: impl Fn(&queue::Task) -> bool,
+) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let t = store.get(id).unwrap();
+        if ok(&t) {
+            return;
+        }
+        assert!(!t.status.is_terminal(), "{what}: task {id} ended {}: {:?}", t.status, t.error);
+        assert!(Instant::now() < deadline, "{what}: task {id} never got there");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+fn measure(mode: &str, n: usize) -> Figures {
+    let mock = MockAnthropic::spawn((0..=n).map(|_| Turn::text("Done.")).collect());
+    let rig = rig(mode, &mock);
+    let (store, repo) = (&rig.store, &rig.repo);
     let mut figures = Figures { first_request: Vec::new(), done: Vec::new() };
     for i in 0..=n {
         let before = mock.arrivals().len();
         let t0 = Instant::now();
-        let req = worker::SubmitRequest::new(format!("Say done ({i})."), &repo);
-        let (task, _, _) = worker::submit(&store, &repo, Path::new("opencode"), req).unwrap();
+        let req = worker::SubmitRequest::new(format!("Say done ({i})."), repo);
+        let (task, _, _) = worker::submit(store, repo, Path::new("opencode"), req).unwrap();
         let deadline = t0 + Duration::from_secs(120);
         loop {
             let t = store.get(task.id).unwrap();
@@ -89,14 +130,48 @@ fn measure(mode: &str, n: usize) -> Figures {
             figures.first_request.push(first.unwrap());
         }
     }
-    let _ = worker.kill();
-    let _ = worker.wait();
     println!(
         "bench=agent.{mode} n={n} first_request_p50_ms={:.0} done_p50_ms={:.0}",
         p50(&figures.first_request),
         p50(&figures.done)
     );
     figures
+}
+
+/// On the warm server: the agent asks with its `question` tool; the answer goes back on the
+/// blocked request. Answer → the agent's next request at the mock.
+fn measure_answer(n: usize) -> Vec<f64> {
+    let ask = || {
+        Turn::tool(
+            "question",
+            serde_json::json!({"questions": [{"question": "Red or blue?", "header": "Colour",
+                "options": [{"label": "red", "description": "warm"}, {"label": "blue", "description": "calm"}]}]}),
+        )
+    };
+    let mock = MockAnthropic::spawn((0..=n).flat_map(|_| [ask(), Turn::text("Done.")]).collect());
+    let rig = rig("serve", &mock);
+    let (store, repo) = (&rig.store, &rig.repo);
+    let mut latencies = Vec::new();
+    for i in 0..=n {
+        let req = worker::SubmitRequest::new(format!("Ask, then say done ({i})."), repo);
+        let (task, _, _) = worker::submit(store, repo, Path::new("opencode"), req).unwrap();
+        wait_until(store, task.id, "asking", |t| t.status == queue::TaskStatus::Waiting);
+        let before = mock.arrivals().len();
+        let t0 = Instant::now();
+        store.answer(task.id, "blue", "bench").unwrap();
+        let deadline = t0 + Duration::from_secs(60);
+        while mock.arrivals().len() <= before {
+            assert!(Instant::now() < deadline, "the answer never reached the agent");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let next = mock.arrivals()[before].duration_since(t0).as_secs_f64() * 1e3;
+        wait_until(store, task.id, "finishing", |t| t.status == queue::TaskStatus::Done);
+        if i > 0 {
+            latencies.push(next);
+        }
+    }
+    println!("bench=agent.serve.answer n={n} answer_to_next_request_p50_ms={:.0}", p50(&latencies));
+    latencies
 }
 
 fn main() {
@@ -109,4 +184,5 @@ fn main() {
         p50(&run.first_request) / p50(&serve.first_request),
         p50(&run.done) / p50(&serve.done)
     );
+    measure_answer(n);
 }

@@ -241,7 +241,7 @@ pub struct WorkerArgs {
     #[arg(long)]
     pub claude_bridge: bool,
     /// How to drive OpenCode: `run` (a process per prompt) or `serve` (one warm `opencode
-    /// serve` per worker). Default: `[worker] opencode_mode` in the config file, else run.
+    /// serve` per worker). Default: `[worker] opencode_mode` in the config file, else serve.
     #[arg(long = "opencode", value_name = "MODE")]
     pub opencode_mode: Option<worker::OpenCodeMode>,
 }
@@ -258,7 +258,7 @@ pub struct EmbeddedWorker {
     #[arg(long)]
     pub claude_bridge: bool,
     /// How to drive OpenCode: `run` (a process per prompt) or `serve` (one warm `opencode
-    /// serve` per worker). Default: `[worker] opencode_mode` in the config file, else run.
+    /// serve` per worker). Default: `[worker] opencode_mode` in the config file, else serve.
     #[arg(long = "opencode", value_name = "MODE")]
     pub opencode_mode: Option<worker::OpenCodeMode>,
 }

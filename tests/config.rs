@@ -99,7 +99,11 @@ fn the_config_file_sets_the_worker_and_a_webhook_hears_done_and_failed() {
     let failed = env.submit(&["fail-me please", "--max-attempts", "1"]);
     let mut worker = env.cmd();
     // The config file, not the test's own settings, must name the model and the agent.
-    worker.env_remove("TASKBRIDGE_MODEL").env_remove("TASKBRIDGE_OPENCODE");
+    // A stand-in agent is a process per prompt: `run` mode.
+    worker
+        .env_remove("TASKBRIDGE_MODEL")
+        .env_remove("TASKBRIDGE_OPENCODE")
+        .env("TASKBRIDGE_OPENCODE_MODE", "run");
     assert!(worker.args(["worker", "--once"]).output().unwrap().status.success());
     assert_eq!(env.show(done)["status"], "done");
     assert_eq!(env.show(failed)["status"], "failed");
@@ -132,7 +136,8 @@ fn a_webhook_that_hangs_never_holds_up_the_worker() {
     );
     let ids: Vec<i64> = (0..3).map(|i| env.submit(&[&format!("task {i}")])).collect();
     let mut worker = env.cmd();
-    worker.env("TASKBRIDGE_OPENCODE", &agent).args(["worker", "--once", "--concurrency", "1"]);
+    worker.env("TASKBRIDGE_OPENCODE", &agent).env("TASKBRIDGE_OPENCODE_MODE", "run");
+    worker.args(["worker", "--once", "--concurrency", "1"]);
     let started = std::time::Instant::now();
     assert!(worker.output().unwrap().status.success());
     for id in ids {
@@ -161,6 +166,7 @@ async fn restart_worker_starts_a_worker_configured_like_the_servers_own() {
     cmd.args(["mcp", "--concurrency", "3", "--claude-bridge"])
         .envs(env.env_vars())
         .env("TASKBRIDGE_OPENCODE", &agent)
+        .env("TASKBRIDGE_OPENCODE_MODE", "run")
         .current_dir(&env.repo);
     let (client, _child) = stdio_client(cmd).await;
     let call = |name: &'static str| {

@@ -55,7 +55,8 @@ fn a_dependent_task_runs_only_after_its_dependency_is_done() {
     let b = env.submit(&["second", "--depends-on", &a.to_string()]);
     let c = env.submit(&["independent"]);
     let mut w = env.cmd();
-    w.env("TASKBRIDGE_OPENCODE", &agent).args(["worker", "--once", "--concurrency", "3"]);
+    w.env("TASKBRIDGE_OPENCODE", &agent).env("TASKBRIDGE_OPENCODE_MODE", "run");
+    w.args(["worker", "--once", "--concurrency", "3"]);
     assert!(w.output().unwrap().status.success());
     for id in [a, b, c] {
         assert_eq!(env.show(id)["status"], "done", "task {id}");
@@ -74,6 +75,7 @@ async fn a_batch_over_mcp_runs_in_dependency_order_and_its_failure_propagates() 
     cmd.args(["mcp", "--concurrency", "3"])
         .envs(env.env_vars())
         .env("TASKBRIDGE_OPENCODE", &agent)
+        .env("TASKBRIDGE_OPENCODE_MODE", "run")
         .current_dir(&env.repo);
     let (client, _child) = stdio_client(cmd).await;
     let call = |name: &'static str, args: Value| {
@@ -125,6 +127,7 @@ fn get_logs_and_follow_show_a_running_task_and_clear_finished_keeps_branches() {
     let mut worker = env.cmd();
     worker
         .env("TASKBRIDGE_OPENCODE", &agent)
+        .env("TASKBRIDGE_OPENCODE_MODE", "run")
         .args(["worker", "--concurrency", "1"])
         .stdout(Stdio::null())
         .stderr(Stdio::null());
@@ -248,7 +251,8 @@ async fn models_and_workers_over_mcp_and_the_bridge_offered_by_serve() {
     let (_server, port) = {
         let mut cmd = env.cmd();
         cmd.args(["serve", "--listen", "127.0.0.1:0", "--claude-bridge", "--concurrency", "2"])
-            .env("TASKBRIDGE_OPENCODE", &recorder);
+            .env("TASKBRIDGE_OPENCODE", &recorder)
+            .env("TASKBRIDGE_OPENCODE_MODE", "run");
         let (c, p, _) = start_http(&mut cmd);
         (c, p)
     };

@@ -382,3 +382,48 @@ fn an_answer_given_after_the_worker_died_arrives_as_a_new_prompt_in_the_same_ses
     assert!(last.contains("Which colour should the banner be?"), "{last}");
     assert!(last.contains("The answer is: blue"), "{last}");
 }
+
+/// The warm server has set itself up for a done task's directory, so the worker keeps it for the
+/// next task of the repository: cleaned, on the new task's own branch, with nothing of the
+/// last task left in it; and `clear` never takes a directory another task holds.
+#[test]
+fn the_next_task_reuses_a_done_tasks_directory_cleaned_and_on_its_own_branch() {
+    let env = Env::new();
+    std::fs::write(env.repo.join(".gitignore"), "*.log\n").unwrap();
+    git(&env.repo, &["add", ".gitignore"]);
+    git(&env.repo, &["commit", "-qm", "ignore logs"]);
+    let mock = MockAnthropic::spawn(vec![
+        Turn::bash("echo one > one.txt; echo junk > cache.log; echo edit >> README.md"),
+        Turn::text(result_block("First.")),
+        Turn::bash("ls -a > seen.txt; cat README.md >> seen.txt"),
+        Turn::text(result_block("Second.")),
+    ]);
+    let env = env.with_mock(&mock);
+    let _worker = serve_worker(&env);
+    let first = env.submit(&["First"]);
+    let t1 = env.wait_status(first, "done", RUN);
+    let second = env.submit(&["Second"]);
+    let t2 = env.wait_status(second, "done", RUN);
+    assert_eq!(t2["worktree"], t1["worktree"], "the directory was reused");
+    assert!(env.log(second).contains("reusing"), "{}", env.log(second));
+    let files: Vec<&str> = t2["result"]["files_touched"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(files, ["seen.txt"], "only its own work: {t2:#}");
+    let seen = git_out(&env.repo, &["show", "taskbridge/task-2:seen.txt"]);
+    assert!(!seen.contains("one.txt") && !seen.contains("cache.log"), "leftovers: {seen}");
+    assert!(!seen.contains("edit"), "the last task's edit is gone: {seen}");
+    assert_eq!(git_out(&env.repo, &["show", "taskbridge/task-1:one.txt"]), "one");
+
+    // Clearing the done tasks leaves the directory the worker keeps.
+    env.ok(&["clear"]);
+    let dir = std::path::PathBuf::from(t2["worktree"].as_str().unwrap());
+    assert!(dir.exists(), "clear took a directory the worker holds");
+    mock.push([Turn::text(result_block("Third."))]);
+    let third = env.submit(&["Third"]);
+    let t3 = env.wait_status(third, "done", RUN);
+    assert_eq!(t3["worktree"], t2["worktree"]);
+}

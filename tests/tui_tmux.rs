@@ -258,7 +258,7 @@ fn the_default_tui_runs_tasks_and_every_key_reaches_the_queue() {
         &env,
         "--listen 127.0.0.1:0 --concurrency 1 --claude-bridge",
         130,
-        &[("TASKBRIDGE_OPENCODE", agent)],
+        &[("TASKBRIDGE_OPENCODE", agent), ("TASKBRIDGE_OPENCODE_MODE", "run")],
     );
     tmux.wait_for("No tasks. Press n");
     // The HTTP server runs inside.

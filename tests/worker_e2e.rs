@@ -46,7 +46,7 @@ fn edit_scenario(mode: &str) {
     ]);
     let env = env.with_mock(&mock);
     let id = env.submit(&["Add a greeting file and update the README", "--title", "greeting"]);
-    let _worker = env.start_worker_with(1, &["--opencode", mode]);
+    let mut worker = env.start_worker_with(1, &["--opencode", mode]);
     let task =
         env.wait_task(id, RUN, |t| ["done", "failed"].contains(&t["status"].as_str().unwrap()));
     assert_eq!(task["status"], "done", "{task:#}\nlog:\n{}", env.log(id));
@@ -100,7 +100,14 @@ fn edit_scenario(mode: &str) {
         "the agent worked in the worktree, not the checkout"
     );
     assert_eq!(git_out(&env.repo, &["rev-list", "--count", "main"]), "1");
-    assert!(!wt.exists(), "the worktree is removed after success");
+    if mode == "run" {
+        assert!(!wt.exists(), "the worktree is removed after success");
+    } else {
+        // Kept for the worker's next task of this repository: nothing uncommitted in it, and
+        // detached, so the task's branch is free.
+        assert_eq!(git_out(&wt, &["status", "--porcelain"]), "");
+        assert_eq!(git_out(&wt, &["rev-parse", "--abbrev-ref", "HEAD"]), "HEAD");
+    }
     assert_eq!(task["branch"], "taskbridge/task-1");
     let workers: Value = serde_json::from_str(&env.ok(&["list-workers", "--json"])).unwrap();
     assert_eq!(workers[0]["agent"], format!("opencode {mode}"), "list-workers says which");
@@ -111,6 +118,10 @@ fn edit_scenario(mode: &str) {
     assert!(log.contains("step finished (stop)"), "{log}");
     let raw = std::fs::read_to_string(env.home.join("logs/1.events.jsonl")).unwrap();
     assert_eq!(raw.lines().filter(|l| l.contains("\"step_finish\"")).count(), 4);
+    // A worker that stops removes what it kept.
+    assert!(worker.terminate().success());
+    assert!(!wt.exists(), "the worker's spare worktree outlived it");
+    assert_eq!(git_out(&env.repo, &["worktree", "list"]).lines().count(), 1);
 }
 
 fn question(text: &str) -> String {

@@ -22,6 +22,7 @@ fn worker(env: &Env, agent: &Path, concurrency: usize, pause_ms: u64) -> Child {
         env.cmd()
             .args(["worker", "--concurrency", &concurrency.to_string()])
             .env("TASKBRIDGE_OPENCODE", agent)
+            .env("TASKBRIDGE_OPENCODE_MODE", "run")
             .env("TASKBRIDGE_LEASE_S", "1")
             .env("TASKBRIDGE_FAULT_WORKTREE_PAUSE_MS", pause_ms.to_string())
             .stdin(Stdio::null())

@@ -295,7 +295,18 @@ impl Child {
 }
 
 impl Drop for Child {
+    /// SIGTERM first, so a worker stops as it would for a person (its OpenCode server with
+    /// it: a SIGKILL leaves the server for the next worker to clean up, and a test has none);
+    /// SIGKILL if it is still there after 10 s.
     fn drop(&mut self) {
+        let pid = nix::unistd::Pid::from_raw(self.0.id() as i32);
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while matches!(self.0.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
@@ -422,8 +433,12 @@ pub fn read_pgid(path: &Path) -> i32 {
 /// reads to clean up after a dead one.
 #[allow(dead_code)]
 pub fn server_pid(env: &Env) -> Option<i32> {
-    let mut d = std::fs::read_dir(env.home.join("servers")).ok()?;
-    let f = d.next()?.ok()?.path();
+    // Beside it, the worker's list of spare worktrees (`<worker>.spares.json`).
+    let f = std::fs::read_dir(env.home.join("servers"))
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| !p.to_string_lossy().ends_with(".spares.json"))?;
     let v: Value = serde_json::from_str(&std::fs::read_to_string(f).ok()?).ok()?;
     v["pid"].as_i64().map(|p| p as i32)
 }

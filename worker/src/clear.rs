@@ -24,7 +24,9 @@ pub fn clear_finished(
         }
         if let Some(wt) = &task.worktree {
             let wt = Path::new(wt);
-            if wt.exists() {
+            // A done task's directory may since have been taken by another task (a worker in
+            // serve mode reuses it): it is this task's only while it is on this task's branch.
+            if wt.exists() && on_branch(wt, task.branch.as_deref()) {
                 let msg = format!(
                     "taskbridge: task {} (work left in the worktree when it was cleared)",
                     task.id.0
@@ -43,4 +45,12 @@ pub fn clear_finished(
         }
     }
     Ok(cleared)
+}
+
+fn on_branch(dir: &Path, branch: Option<&str>) -> bool {
+    let Some(branch) = branch else { return false };
+    git2::Repository::open(dir)
+        .ok()
+        .and_then(|r| r.head().ok().and_then(|h| h.shorthand().ok().map(str::to_owned)))
+        .is_some_and(|on| on == branch)
 }

@@ -364,6 +364,47 @@ pub fn prepare_worktree(
     Ok(Prepared { branch, created: true, repairs })
 }
 
+/// Keeps a done task's worktree as a spare for the next task of the same repository: HEAD is
+/// detached at the task's commit, so its branch is free for anything else (a merge, a
+/// follow-up) while the directory waits.
+pub fn park_worktree(dir: &Path) -> Result<()> {
+    let wt = Repository::open(dir)?;
+    let head = wt.head()?.peel_to_commit()?.id();
+    wt.set_head_detached(head)?;
+    Ok(())
+}
+
+/// Makes a spare worktree ready for task `task_id`: the task's new branch at `base`, checked out
+/// with everything else in the directory (changes, untracked and ignored files) removed, as if
+/// it had just been made. The directory is reused rather than made anew because the agent's
+/// server has already set itself up for it.
+pub fn reuse_worktree(
+    repo_path: &Path,
+    dir: &Path,
+    base: &str,
+    task_id: i64,
+) -> std::result::Result<Prepared, PrepareError> {
+    let repo = Repository::open(repo_path).map_err(transient)?;
+    let _lock = RepoLock::acquire(&repo)?;
+    let base_commit = Oid::from_str(base).and_then(|oid| repo.find_commit(oid)).map_err(|_| {
+        permanent(format!(
+            "the task's base commit {base} is not in '{}' (history rewritten?); submit the task \
+             again from a commit that exists",
+            repo_path.display()
+        ))
+    })?;
+    let branch = free_branch(&repo, task_id, &base_commit)?;
+    if repo.find_branch(&branch, BranchType::Local).is_err() {
+        repo.branch(&branch, &base_commit, false).map_err(transient)?;
+    }
+    let wt = Repository::open(dir).map_err(transient)?;
+    wt.set_head(&format!("refs/heads/{branch}")).map_err(transient)?;
+    let mut checkout = git2::build::CheckoutBuilder::new();
+    checkout.force().remove_untracked(true).remove_ignored(true);
+    wt.checkout_head(Some(&mut checkout)).map_err(transient)?;
+    Ok(Prepared { branch, created: true, repairs: vec![] })
+}
+
 /// Removes a worktree whose work is committed, and its registration; the branch stays.
 pub fn remove_worktree(repo_path: &Path, dir: &Path) -> Result<()> {
     if dir.exists() {

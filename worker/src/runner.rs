@@ -33,10 +33,11 @@ const RESUME: &str = include_str!("../../assets/resume.md");
 /// How the worker drives OpenCode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum OpenCodeMode {
-    /// A new `opencode run` process for every prompt.
-    #[default]
+    /// A new `opencode run` process for every prompt: the fallback (no native questions or
+    /// approvals, no budgets).
     Run,
     /// One warm `opencode serve` per worker; a prompt is a request.
+    #[default]
     Serve,
 }
 
@@ -92,7 +93,7 @@ impl Default for WorkerConfig {
             concurrency: 2,
             lease: Duration::from_secs(30),
             opencode: PathBuf::from("opencode"),
-            opencode_mode: OpenCodeMode::Run,
+            opencode_mode: OpenCodeMode::Serve,
             default_model: None,
             once: false,
             retry_base: Duration::from_secs(10),
@@ -161,7 +162,22 @@ pub struct Worker {
     notifier: notify::Notifier,
     /// The warm OpenCode server, in `serve` mode.
     server: Option<crate::serve::ServeAgent>,
+    /// Done tasks' worktrees kept for the next task of their repository (`serve` mode): the
+    /// server has set itself up for those directories, which takes it over a second for a new
+    /// one, most of a one-turn task.
+    spares: std::sync::Mutex<Vec<Spare>>,
 }
+
+/// A spare worktree: clean, detached, ready to be put on the next task's branch.
+struct Spare {
+    repo: String,
+    dir: PathBuf,
+    since: std::time::Instant,
+}
+
+/// A spare unused for this long is removed: the server forgets its set-up for a directory
+/// after an hour idle, and the disk is worth more than a cold directory.
+const SPARE_TTL: Duration = Duration::from_secs(50 * 60);
 
 pub fn hostname() -> String {
     nix::unistd::gethostname()
@@ -198,6 +214,7 @@ impl Worker {
             running: AtomicUsize::new(0),
             notifier,
             server,
+            spares: Default::default(),
         })
     }
 
@@ -312,6 +329,8 @@ impl Worker {
         if let Some(server) = &self.server {
             server.shutdown().await;
         }
+        self.drop_spares(true).await;
+        let _ = std::fs::remove_file(crate::serve::spares_file(&self.home, &self.id));
         // The last tasks' webhooks get a moment to arrive, bounded so a hung one cannot keep
         // the process alive.
         self.notifier.flush(self.cfg.notify.webhook_timeout.min(Duration::from_secs(5))).await;
@@ -340,6 +359,7 @@ impl Worker {
             }
             self.reap().await;
             self.sweep_parked().await;
+            self.drop_spares(false).await;
         }
     }
 
@@ -527,20 +547,39 @@ impl Worker {
         stop: watch::Receiver<Option<StopReason>>,
     ) -> Result<Option<Outcome>> {
         let id = task.id;
+        let spare = match &task.worktree {
+            None => self.take_spare(&task.repo),
+            Some(_) => None,
+        };
         let dir = task
             .worktree
             .as_ref()
             .map(PathBuf::from)
+            .or_else(|| spare.clone())
             .unwrap_or_else(|| self.home.worktrees_dir().join(format!("task-{}", id.0)));
         let (repo, base, d) = (PathBuf::from(&task.repo), task.base.clone(), dir.clone());
         let known = task.branch.clone();
         let pause = self.cfg.fault_worktree_pause;
-        log.line("preparing the worktree");
+        log.line(&match &spare {
+            Some(s) => format!("preparing the worktree (reusing {}, cleaned)", s.display()),
+            None => "preparing the worktree".to_owned(),
+        });
+        let reuse = spare.is_some();
         let prepared = tokio::task::spawn_blocking(move || {
-            git::prepare_worktree(&repo, &base, id.0, known.as_deref(), &d, pause)
+            if reuse {
+                git::reuse_worktree(&repo, &d, &base, id.0)
+            } else {
+                git::prepare_worktree(&repo, &base, id.0, known.as_deref(), &d, pause)
+            }
         })
         .await
         .map_err(|e| Error::Join(e.to_string()))?;
+        if let (Err(e), Some(s)) = (&prepared, &spare) {
+            // A spare that cannot be reused is thrown away; the next attempt makes a new one.
+            log.line(&format!("the spare worktree {} could not be reused: {e}", s.display()));
+            let (repo, s) = (PathBuf::from(&task.repo), s.clone());
+            let _ = tokio::task::spawn_blocking(move || git::remove_worktree(&repo, &s)).await;
+        }
         let prepared = match prepared {
             Ok(p) => p,
             Err(e) if e.permanent => {
@@ -923,13 +962,94 @@ impl Worker {
         self.fill_diff(task, &dir, &mut res, true).await;
         if !task.worktree_keep {
             let (repo, d) = (PathBuf::from(&task.repo), dir.clone());
-            match tokio::task::spawn_blocking(move || git::remove_worktree(&repo, &d)).await {
-                Ok(Ok(())) => log.line("work committed; worktree removed (the branch keeps it)"),
-                Ok(Err(e)) => log.line(&format!("could not remove the worktree: {e}")),
-                Err(e) => log.line(&format!("could not remove the worktree: {e}")),
+            if self.server.is_some() && self.keep_spare(&task.repo, &dir).await {
+                log.line("work committed (the branch keeps it); the directory stays for this worker's next task of this repository, cleaned first");
+            } else {
+                match tokio::task::spawn_blocking(move || git::remove_worktree(&repo, &d)).await {
+                    Ok(Ok(())) => {
+                        log.line("work committed; worktree removed (the branch keeps it)")
+                    }
+                    Ok(Err(e)) => log.line(&format!("could not remove the worktree: {e}")),
+                    Err(e) => log.line(&format!("could not remove the worktree: {e}")),
+                }
             }
         }
         Ok(Some(Outcome::Done { result: to_json(&res) }))
+    }
+
+    /// A spare worktree of `repo`, if this worker keeps one.
+    fn take_spare(&self, repo: &str) -> Option<PathBuf> {
+        let mut spares = self.spares.lock().ok()?;
+        let i = spares.iter().position(|s| s.repo == repo)?;
+        Some(spares.remove(i).dir)
+    }
+
+    /// Keeps a done task's worktree as a spare (at most one per slot and repository); false
+    /// when it should be removed instead.
+    async fn keep_spare(&self, repo: &str, dir: &Path) -> bool {
+        let full = self.spares.lock().map_or(true, |s| {
+            s.iter().filter(|s| s.repo == repo).count() >= self.cfg.concurrency.max(1)
+        });
+        if full {
+            return false;
+        }
+        let d = dir.to_path_buf();
+        match tokio::task::spawn_blocking(move || git::park_worktree(&d)).await {
+            Ok(Ok(())) => {}
+            _ => return false,
+        }
+        if let Ok(mut s) = self.spares.lock() {
+            s.push(Spare {
+                repo: repo.to_owned(),
+                dir: dir.to_path_buf(),
+                since: std::time::Instant::now(),
+            });
+        }
+        self.save_spares();
+        true
+    }
+
+    /// Removes spares (those idle longer than [`SPARE_TTL`], or all of them).
+    async fn drop_spares(&self, all: bool) {
+        let gone: Vec<Spare> = match self.spares.lock() {
+            Ok(mut s) => {
+                let (old, keep): (Vec<Spare>, Vec<Spare>) =
+                    s.drain(..).partition(|x| all || x.since.elapsed() > SPARE_TTL);
+                *s = keep;
+                old
+            }
+            Err(_) => return,
+        };
+        if gone.is_empty() {
+            return;
+        }
+        for sp in gone {
+            let (repo, d) = (PathBuf::from(&sp.repo), sp.dir.clone());
+            if let Ok(Err(e)) =
+                tokio::task::spawn_blocking(move || git::remove_worktree(&repo, &d)).await
+            {
+                tracing::warn!(dir = %sp.dir.display(), error = %e, "removing a spare worktree failed");
+            }
+        }
+        self.save_spares();
+    }
+
+    /// The spares, next to the server's pid file, so that the next worker on this host removes
+    /// them if this one is killed.
+    fn save_spares(&self) {
+        let list: Vec<serde_json::Value> = self
+            .spares
+            .lock()
+            .map(|s| {
+                s.iter()
+                    .map(
+                        |x| serde_json::json!({"repo": x.repo, "dir": x.dir.display().to_string()}),
+                    )
+                    .collect()
+            })
+            .unwrap_or_default();
+        let path = crate::serve::spares_file(&self.home, &self.id);
+        let _ = std::fs::write(path, serde_json::Value::Array(list).to_string());
     }
 
     /// Every permission request of the task so far, with its answer and who gave it.
@@ -1193,10 +1313,27 @@ pub fn permission_json(task: &Task) -> String {
     serde_json::Value::Object(p).to_string()
 }
 
-/// How the task's `ask` rules held.
+/// How the task's `ask` rules and budget held.
 fn ask_permissions(task: &Task, serving: bool) -> Vec<result::Permission> {
+    let mut out = Vec::new();
+    if task.budget.is_set() || task.budget_group.is_some() {
+        out.push(result::Permission {
+            flag: "budget".into(),
+            enabled: true,
+            enforcement: if serving { "enforced" } else { "not enforced" }.into(),
+            how: if serving {
+                "the spend is checked after every step; past the budget the agent is stopped and \
+                 the task waits for continue or stop"
+                    .into()
+            } else {
+                "`opencode run` reports the spend only as it goes by; a worker with --opencode \
+                 serve stops the agent at the budget"
+                    .into()
+            },
+        });
+    }
     if task.ask_rules.is_empty() {
-        return vec![];
+        return out;
     }
     let rules = task.ask_rules.join(", ");
     let (enforcement, how) = if serving {
@@ -1213,12 +1350,13 @@ fn ask_permissions(task: &Task, serving: bool) -> Vec<result::Permission> {
             ),
         )
     };
-    vec![result::Permission {
+    out.push(result::Permission {
         flag: "ask".into(),
         enabled: true,
         enforcement: enforcement.into(),
         how,
-    }]
+    });
+    out
 }
 
 fn shell_words(args: &[String]) -> String {

@@ -270,6 +270,11 @@ fn permission_of(props: &Value) -> PermissionAsk {
     }
 }
 
+/// Where a worker lists its spare worktrees (`<home>/servers/<worker>.spares.json`).
+pub fn spares_file(home: &queue::Home, worker: &str) -> PathBuf {
+    home.root().join("servers").join(format!("{}.spares.json", server_file_name(worker)))
+}
+
 /// The name of a worker's server file (`<home>/servers/<this>.json`).
 pub fn server_file_name(worker: &str) -> String {
     worker.replace([':', '/'], "_")
@@ -784,13 +789,37 @@ impl SseLines {
     }
 }
 
+/// Removes the spare worktrees a dead worker listed.
+fn remove_spares(list: &Path) {
+    let spares: Vec<Value> = std::fs::read_to_string(list)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or_default();
+    for s in spares {
+        if let (Some(repo), Some(dir)) = (s["repo"].as_str(), s["dir"].as_str()) {
+            match crate::git::remove_worktree(Path::new(repo), Path::new(dir)) {
+                Ok(()) => tracing::info!(dir, "removed a dead worker's spare worktree"),
+                Err(e) => tracing::warn!(dir, error = %e, "removing a dead worker's spare failed"),
+            }
+        }
+    }
+    let _ = std::fs::remove_file(list);
+}
+
 /// Kills the OpenCode servers that workers on this host left behind when they died, from their
 /// pid files; `alive` says whether a worker (by its file name) still runs.
 pub fn kill_orphaned_servers(home: &queue::Home, alive: impl Fn(&str) -> bool) {
     let dir = home.root().join("servers");
     let Ok(entries) = std::fs::read_dir(&dir) else { return };
     for e in entries.flatten() {
-        let name = e.file_name().to_string_lossy().trim_end_matches(".json").to_owned();
+        let file = e.file_name().to_string_lossy().into_owned();
+        if let Some(name) = file.strip_suffix(".spares.json") {
+            if !alive(name) {
+                remove_spares(&e.path());
+            }
+            continue;
+        }
+        let name = file.trim_end_matches(".json").to_owned();
         if alive(&name) {
             continue;
         }
