@@ -58,8 +58,13 @@ fn main() {
     // The same with the worker in this process, sharing the store handle.
     let store = std::sync::Arc::new(store);
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
-    let cfg =
-        worker::WorkerConfig { concurrency: 1, opencode: agent.clone(), ..Default::default() };
+    // A stand-in agent is a process per prompt: `run` mode.
+    let cfg = worker::WorkerConfig {
+        concurrency: 1,
+        opencode: agent.clone(),
+        opencode_mode: worker::OpenCodeMode::Run,
+        ..Default::default()
+    };
     let w = worker::Worker::new(store.clone(), home.clone(), cfg);
     let stop = tokio_util::sync::CancellationToken::new();
     let handle = rt.spawn(w.run(stop.clone()));
@@ -94,7 +99,6 @@ exec sleep 600
             .args(["serve", "--listen", "127.0.0.1:0", "--concurrency", "1"])
             .env("TASKBRIDGE_HOME", home)
             .env("TASKBRIDGE_OPENCODE", &agent)
-            .env("TASKBRIDGE_OPENCODE_MODE", "run")
             .env("TASKBRIDGE_OPENCODE_MODE", "run")
             .env("TASKBRIDGE_LOG", "warn")
             .stdout(Stdio::null())

@@ -216,10 +216,10 @@ pub struct SubmitArgs {
     pub ask: Vec<String>,
     /// Stop the agent once the task has spent this many US dollars; it then waits for
     /// `answer ID continue` (or `continue 2.00`, or `stop`).
-    #[arg(long, value_name = "USD")]
+    #[arg(long, value_name = "USD", allow_negative_numbers = true)]
     pub max_cost_usd: Option<f64>,
     /// The same for input plus output tokens.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub max_tokens: Option<i64>,
     /// Print the whole task as JSON instead of its id.
     #[arg(long)]

@@ -319,3 +319,27 @@ fn a_closed_stdout_ends_every_printing_command_quietly() {
         assert_eq!(stderr, "", "{args:?} printed on stderr");
     }
 }
+
+#[test]
+fn ask_rules_come_from_the_flag_and_from_the_repositorys_taskbridge_toml() {
+    let env = Env::new();
+    std::fs::write(
+        env.repo.join(".taskbridge.toml"),
+        "[permissions]\nask = [\"external_directory\"]\n",
+    )
+    .unwrap();
+    let id = env.submit(&["Deploy", "--ask", "bash:git push*"]);
+    let t = env.show(id);
+    assert_eq!(t["ask_rules"], serde_json::json!(["bash:git push*", "external_directory"]));
+    let shown = env.ok(&["show", &id.to_string()]);
+    assert!(shown.contains("asks:      bash:git push*, external_directory"), "{shown}");
+    // A rule that names no permission is refused before anything is stored, saying which.
+    let out = env.run(&["submit", "x", "--ask", "shell:rm*"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("'shell:rm*' names no permission") && err.contains("bash"), "{err}");
+    let out = env.run(&["submit", "x", "--max-cost-usd", "-2"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("max_cost_usd"));
+    let listed: Value = serde_json::from_str(&env.ok(&["list", "--json"])).unwrap();
+    assert_eq!(listed.as_array().unwrap().len(), 1, "nothing refused was stored");
+}

@@ -58,7 +58,7 @@ fn serve_worker(env: &Env) -> Child {
 }
 
 #[test]
-fn a_native_question_answered_with_an_option_label_returns_to_the_same_tool_call() {
+fn a_native_question_answered_with_an_option_label_over_mcp_returns_to_the_same_tool_call() {
     let env = Env::new();
     let mock = MockAnthropic::spawn(vec![]);
     let env = env.with_mock(&mock);
@@ -90,13 +90,16 @@ fn a_native_question_answered_with_an_option_label_returns_to_the_same_tool_call
     let session = t["session_id"].as_str().unwrap().to_owned();
     let requests_before = mock.requests().len();
 
-    env.ok(&["answer", &id.to_string(), "Blue"]);
+    // Over MCP, with the official Python SDK.
+    let answered = python_mcp_call(&env, "answer_task", json!({"task_id": id, "answer": "Blue"}));
+    assert_eq!(answered["status"], "queued", "{answered:#}");
     let t = env.wait_status(id, "done", RUN);
     assert_eq!(t["result"]["summary"], "Made a blue banner.");
     assert_eq!(t["session_id"], session);
     assert_eq!(t["attempts"], 1);
     assert_eq!(t["questions"][0]["answer"], "Blue");
-    assert_eq!(t["questions"][0]["answered_by"], "cli");
+    let by = t["questions"][0]["answered_by"].as_str().unwrap();
+    assert!(by.starts_with("mcp:"), "who answered: {by}");
     let branch = t["result"]["branch"].as_str().unwrap();
     assert_eq!(git_out(&env.repo, &["show", &format!("{branch}:banner.txt")]), "blue");
 
@@ -117,7 +120,7 @@ fn a_native_question_answered_with_an_option_label_returns_to_the_same_tool_call
 }
 
 #[test]
-fn a_native_question_answered_with_free_text_over_mcp_goes_on_in_the_same_session() {
+fn a_native_question_answered_with_free_text_from_the_cli_goes_on_in_the_same_session() {
     let env = Env::new();
     let mock = MockAnthropic::spawn(vec![
         ask_colour(true),
@@ -130,16 +133,10 @@ fn a_native_question_answered_with_free_text_over_mcp_goes_on_in_the_same_sessio
     assert_eq!(t["ask"]["questions"][0]["multiple"], true);
     let session = t["session_id"].as_str().unwrap().to_owned();
 
-    let answer = python_mcp_call(
-        &env,
-        "answer_task",
-        json!({"task_id": id, "answer": "a dark teal, like the logo"}),
-    );
-    assert_eq!(answer["status"], "queued", "{answer:#}");
+    env.ok(&["answer", &id.to_string(), "a dark teal, like the logo"]);
     let t = env.wait_status(id, "done", RUN);
     assert_eq!(t["session_id"], session);
-    let by = t["questions"][0]["answered_by"].as_str().unwrap();
-    assert!(by.starts_with("mcp:"), "who answered: {by}");
+    assert_eq!(t["questions"][0]["answered_by"], "cli");
     let reqs = mock.requests();
     let results = tool_results(reqs.last().unwrap());
     assert!(results.contains("a dark teal, like the logo"), "{results}");
@@ -426,4 +423,60 @@ fn the_next_task_reuses_a_done_tasks_directory_cleaned_and_on_its_own_branch() {
     let third = env.submit(&["Third"]);
     let t3 = env.wait_status(third, "done", RUN);
     assert_eq!(t3["worktree"], t2["worktree"]);
+}
+
+#[test]
+fn a_timeout_aborts_the_session_stops_its_command_and_fails_the_task() {
+    let env = Env::new();
+    let mock = MockAnthropic::spawn(vec![Turn::text(result_block("Warm.")), sleeper("pgid.txt")]);
+    let env = env.with_mock(&mock);
+    // A first task warms the server (and the directory the next task reuses), so the timed one
+    // starts its command well within its time even on a busy machine.
+    let _worker = serve_worker(&env);
+    let warm = env.submit(&["Warm up"]);
+    env.wait_status(warm, "done", RUN);
+    let id = env.submit(&["Slow", "--timeout", "10", "--max-attempts", "1"]);
+    let wt = env.wait_task(id, RUN, |t| t["worktree"].is_string())["worktree"].clone();
+    let pgid = read_pgid(&std::path::PathBuf::from(wt.as_str().unwrap()).join("pgid.txt"));
+    let t = env.wait_status(id, "failed", RUN);
+    assert!(t["error"].as_str().unwrap().contains("timed out after 10 s"), "{t:#}");
+    assert!(eventually(Duration::from_secs(5), || !group_alive(pgid)), "the command lives on");
+    assert!(env.log(id).contains("aborting its session"), "{}", env.log(id));
+}
+
+/// One budget shared by a batch's tasks (over MCP): the first spends within it, the second
+/// passes it and waits with a question naming the batch.
+#[test]
+fn a_batch_budget_is_shared_by_its_tasks() {
+    let env = Env::new();
+    let mock = MockAnthropic::spawn(vec![
+        Turn::bash("echo a > a.txt"),
+        Turn::text(result_block("First.")),
+        Turn::bash("echo b > b.txt"),
+        Turn::text(result_block("Second.")),
+    ]);
+    let env = env.with_mock(&mock);
+    let out = python_mcp_call(
+        &env,
+        "submit_batch",
+        json!({"tasks": [{"prompt": "first"}, {"prompt": "second", "depends_on": ["#0"]}],
+               "max_tokens": 300}),
+    );
+    let ids: Vec<i64> =
+        out["tasks"].as_array().unwrap().iter().map(|t| t["task_id"].as_i64().unwrap()).collect();
+    let _worker = serve_worker(&env);
+    let first = env.wait_status(ids[0], "done", RUN);
+    let spent = |t: &Value| {
+        t["result"]["usage"]["input_tokens"].as_i64().unwrap()
+            + t["result"]["usage"]["output_tokens"].as_i64().unwrap()
+    };
+    assert!(spent(&first) < 300, "{first:#}");
+    let second = env.wait_status(ids[1], "waiting", RUN);
+    let b = &second["ask"]["budget"];
+    assert_eq!(b["scope"], "batch", "{second:#}");
+    assert_eq!(b["max"], 300.0);
+    assert_eq!(b["spent"].as_f64().unwrap() as i64, spent(&first) + spent(&second));
+    env.ok(&["answer", &ids[1].to_string(), "stop"]);
+    let t = env.wait_status(ids[1], "failed", RUN);
+    assert!(t["error"].as_str().unwrap().contains("batch budget"), "{t:#}");
 }

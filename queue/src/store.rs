@@ -1098,6 +1098,31 @@ impl Store {
         })
     }
 
+    /// Marks notes the claim handed over as not delivered after all (the run could not pass
+    /// them to the agent), so the next prompt carries them.
+    pub fn undeliver_notes(&self, id: TaskId, token: i64, notes: &[String]) -> Result<()> {
+        if notes.is_empty() {
+            return Ok(());
+        }
+        self.write(|tx, _now| {
+            let n: i64 = tx.query_row(
+                "SELECT count(*) FROM tasks WHERE id = ?1 AND lease_token = ?2 AND status = 'running'",
+                params![id.0, token],
+                |r| r.get(0),
+            )?;
+            if n == 0 {
+                return Err(Error::StaleLease { id, token });
+            }
+            for note in notes {
+                tx.execute(
+                    "UPDATE task_notes SET delivered = 0 WHERE task_id = ?1 AND note = ?2",
+                    params![id.0, note],
+                )?;
+            }
+            Ok(())
+        })
+    }
+
     /// Records a decision the worker took by itself during a run (a permission request matched
     /// by an earlier `always`), so that the task's history lists every request and its answer.
     pub fn record_decision(

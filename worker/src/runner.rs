@@ -700,6 +700,17 @@ impl Worker {
                                     .take_parked(id, ask.request_id.as_deref().unwrap_or(""))
                                     .await =>
                         {
+                            // A tool call's reply carries notes only for a question; a
+                            // permission's would lose them, so they wait for the next prompt.
+                            if ask.kind != queue::AskKind::Question && !new_notes.is_empty() {
+                                let notes = new_notes.clone();
+                                let undone = self
+                                    .blocking(move |s| s.undeliver_notes(id, token, &notes))
+                                    .await;
+                                if let Err(e) = undone {
+                                    tracing::warn!(task = %id, error = %e, "keeping notes for later failed");
+                                }
+                            }
                             native_reply(ask, &r.answer, &new_notes)
                         }
                         Some(ask) => {
