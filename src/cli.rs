@@ -69,6 +69,20 @@ pub enum Command {
     /// Run a failed or cancelled task again.
     #[command(visible_alias = "retry-task")]
     Retry { id: i64 },
+    /// Refine a done or failed task in its own session: a new task on a new branch from its
+    /// commit (`-` reads the prompt from stdin).
+    #[command(visible_alias = "followup-task")]
+    Followup { id: i64, prompt: String },
+    /// Merge a done task's branch into the branch it was submitted from (or --into): a
+    /// fast-forward when possible, else a merge commit (--squash: one squashed commit).
+    #[command(visible_alias = "merge-task")]
+    Merge {
+        id: i64,
+        #[arg(long, value_name = "BRANCH")]
+        into: Option<String>,
+        #[arg(long)]
+        squash: bool,
+    },
     /// Add a note for the agent (`-` reads stdin).
     #[command(name = "add-note", visible_aliases = ["note", "add-task-note"])]
     Note { id: i64, text: String },

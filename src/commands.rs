@@ -48,10 +48,33 @@ pub fn run(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode> {
                 print_table(&tasks);
             }
         }
+        Command::Followup { id, prompt } => {
+            let t = worker::followup(store, TaskId(id), &read_arg(&prompt, "prompt")?)?;
+            outln!("{}", t.id.0);
+        }
+        Command::Merge { id, into, squash } => {
+            let r = worker::merge::merge_task(store, TaskId(id), into.as_deref(), squash)?;
+            let others: Vec<String> =
+                r.merged.iter().filter(|t| **t != id).map(|t| t.to_string()).collect();
+            outln!(
+                "task {id}: merged into {} ({}, {}){}{}",
+                r.into,
+                r.how,
+                &r.commit[..r.commit.len().min(12)],
+                r.checkout.as_deref().map(|c| format!("; updated {c}")).unwrap_or_default(),
+                if others.is_empty() {
+                    String::new()
+                } else {
+                    format!("; with the work of tasks {}", others.join(", "))
+                }
+            );
+        }
         Command::Show { id, json } => {
             let task = store.get(TaskId(id))?;
             if json {
-                print_json(&task)?;
+                let mut v = serde_json::to_value(&task)?;
+                v["overlaps"] = serde_json::Value::Array(worker::merge::overlaps(store, &task)?);
+                print_json(&v)?;
             } else {
                 print_task(&task);
             }
@@ -388,6 +411,24 @@ fn print_task(t: &Task) {
     if let Some(b) = &t.branch {
         outln!("  branch:    {b}");
     }
+    if !t.stacked_on.is_empty() {
+        let ids: Vec<String> = t.stacked_on.iter().map(|i| i.0.to_string()).collect();
+        outln!("  stacked:   on the work of tasks {}", ids.join(", "));
+    }
+    if let Some(p) = t.parent {
+        outln!("  follows:   task {} (its session)", p.0);
+    }
+    if !t.followups.is_empty() {
+        let ids: Vec<String> = t.followups.iter().map(|i| i.0.to_string()).collect();
+        outln!("  followups: {}", ids.join(", "));
+    }
+    if !t.dependents.is_empty() {
+        let ids: Vec<String> = t.dependents.iter().map(|i| i.0.to_string()).collect();
+        outln!("  needed by: {}", ids.join(", "));
+    }
+    if let (Some(into), Some(c)) = (&t.merged_into, &t.merge_commit) {
+        outln!("  merged:    into {into} ({})", &c[..c.len().min(12)]);
+    }
     if let Some(w) = &t.worktree {
         outln!("  worktree:  {w}");
     }
@@ -443,6 +484,9 @@ fn print_task(t: &Task) {
     if let Some(r) =
         t.result.as_ref().and_then(|r| serde_json::from_value::<TaskResult>(r.clone()).ok())
     {
+        if r.no_changes {
+            outln!("  NO CHANGES: the agent changed no file");
+        }
         if !r.summary.trim().is_empty() {
             outln!("  summary:   {}", r.summary.trim().replace('\n', "\n             "));
         }

@@ -142,35 +142,6 @@ fn a_native_question_answered_with_free_text_from_the_cli_goes_on_in_the_same_se
     assert!(results.contains("a dark teal, like the logo"), "{results}");
 }
 
-/// One MCP tool call with the official Python SDK against `taskbridge mcp` over stdio.
-fn python_mcp_call(env: &Env, tool: &str, args: Value) -> Value {
-    let script = r#"
-import asyncio, json, os, sys
-from mcp import ClientSession, StdioServerParameters
-from mcp.client.stdio import stdio_client
-async def main():
-    params = StdioServerParameters(command=sys.argv[1], args=["mcp", "--no-worker"], env=dict(os.environ))
-    async with stdio_client(params) as (r, w):
-        async with ClientSession(r, w) as s:
-            await s.initialize()
-            res = await s.call_tool(sys.argv[2], json.loads(sys.argv[3]))
-            print(res.content[0].text)
-asyncio.run(main())
-"#;
-    let out = std::process::Command::new(python())
-        .arg("-c")
-        .arg(script)
-        .arg(bin())
-        .arg(tool)
-        .arg(args.to_string())
-        .envs(env.env_vars())
-        .current_dir(&env.repo)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "python: {}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
 fn permission_requests(t: &Value) -> Vec<Value> {
     t["result"]["permission_requests"].as_array().cloned().unwrap_or_default()
 }

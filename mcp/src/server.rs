@@ -249,7 +249,7 @@ pub(crate) fn refuse(message: impl Into<String>) -> ToolResult {
 }
 
 /// The shape `get_task_result` returns.
-pub(crate) fn result_json(task: &Task, max_diff_bytes: usize) -> Value {
+pub(crate) fn result_json(task: &Task, max_diff_bytes: usize, overlaps: Vec<Value>) -> Value {
     let r: TaskResult = task
         .result
         .as_ref()
@@ -269,7 +269,11 @@ pub(crate) fn result_json(task: &Task, max_diff_bytes: usize) -> Value {
         "task_id": task.id.0,
         "status": task.display_status,
         "finished": finished,
-        "summary": r.summary,
+        "summary": if r.no_changes {
+            format!("No changes: the agent changed no file. {}", r.summary)
+        } else {
+            r.summary.clone()
+        },
         "files_touched": r.files_touched,
         "tests_run": r.tests_run,
         "open_questions": r.open_questions,
@@ -284,6 +288,14 @@ pub(crate) fn result_json(task: &Task, max_diff_bytes: usize) -> Value {
         "permissions": r.permissions,
         "permission_requests": r.permission_requests,
         "reverted_files": r.reverted_files,
+        "started_from": r.started_from.or(task.started_from.clone()),
+        "stacked_on": task.stacked_on,
+        "no_changes": r.no_changes,
+        "verification": r.verification,
+        "verified": r.verified,
+        "overlaps": overlaps,
+        "merged_into": task.merged_into,
+        "merge_commit": task.merge_commit,
         "error": task.error,
         "note": if task.status == TaskStatus::Running && task.result.is_some() {
             Some("still running: usage is the spend so far; the rest comes when it ends")

@@ -295,6 +295,28 @@ pub struct SetModelArgs {
 #[serde(deny_unknown_fields)]
 pub struct Empty {}
 
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FollowupArgs {
+    /// The done or failed task to refine.
+    pub task_id: i64,
+    /// What to change next, in full.
+    pub prompt: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MergeArgs {
+    /// The done task to merge.
+    pub task_id: i64,
+    /// The branch to merge into (default: the branch the task was submitted from).
+    #[serde(default)]
+    pub into: Option<String>,
+    /// One squashed commit instead of a merge commit (or a fast-forward).
+    #[serde(default)]
+    pub squash: bool,
+}
+
 fn field_error(field: &str, message: impl std::fmt::Display) -> ToolResult {
     refuse(format!("invalid {field}: {message}"))
 }
@@ -457,8 +479,13 @@ impl TaskBridge {
     #[tool(annotations(title = "Get a task's result", read_only_hint = true))]
     async fn get_task_result(&self, Parameters(args): Parameters<GetResultArgs>) -> ToolResult {
         let max = args.max_diff_bytes.unwrap_or(65_536);
-        match self.read_now(|s| Ok(s.get(TaskId(args.task_id))?)) {
-            Ok(task) => ok(crate::server::result_json(&task, max)),
+        let read = self.read_now(|s| {
+            let task = s.get(TaskId(args.task_id))?;
+            let overlaps = worker::merge::overlaps(s, &task)?;
+            Ok((task, overlaps))
+        });
+        match read {
+            Ok((task, overlaps)) => ok(crate::server::result_json(&task, max, overlaps)),
             Err(e) => self.fail(e),
         }
     }
@@ -585,6 +612,42 @@ impl TaskBridge {
         let answer = args.answer.text();
         match self.blocking(move |s| Ok(s.answer(TaskId(args.task_id), &answer, &by)?)).await {
             Ok(task) => ok(self.task_json(&task, true)),
+            Err(e) => self.fail(e),
+        }
+    }
+
+    /// Refine a done or failed task: a new task on its own branch that starts from that task's
+    /// commit (a failed one's worktree as it was left) and resumes the same agent session, so the
+    /// agent keeps the whole conversation. Its diff is only the new change. Chains work.
+    #[tool(annotations(title = "Follow up a task", read_only_hint = false))]
+    async fn followup_task(&self, Parameters(args): Parameters<FollowupArgs>) -> ToolResult {
+        let r =
+            self.blocking(move |s| worker::followup(s, TaskId(args.task_id), &args.prompt)).await;
+        match r {
+            Ok(task) => ok(self.task_json(&task, false)),
+            Err(e) => self.fail(e),
+        }
+    }
+
+    /// Bring a done task's work into the branch it was submitted from (or `into`): a
+    /// fast-forward when possible, else a merge commit (`squash`: one squashed commit). Where
+    /// the branch is checked out, that working tree must be clean and is updated as `git merge`
+    /// would. A conflict changes nothing and lists the paths. The dependencies whose work the
+    /// branch carries are marked merged too.
+    #[tool(annotations(title = "Merge a task", read_only_hint = false, destructive_hint = false))]
+    async fn merge_task(&self, Parameters(args): Parameters<MergeArgs>) -> ToolResult {
+        let r = self
+            .blocking(move |s| {
+                worker::merge::merge_task(
+                    s,
+                    TaskId(args.task_id),
+                    args.into.as_deref(),
+                    args.squash,
+                )
+            })
+            .await;
+        match r {
+            Ok(report) => ok(serde_json::to_value(report).unwrap_or_default()),
             Err(e) => self.fail(e),
         }
     }

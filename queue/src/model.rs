@@ -162,6 +162,13 @@ pub struct TaskSpec {
     /// `PERMISSION[:PATTERN]` (see [`parse_ask_rule`]).
     pub ask: Vec<String>,
     pub budget: Budget,
+    /// The branch the task was submitted from, when it was on one (what `merge_task` merges
+    /// into by default).
+    pub base_ref: Option<String>,
+    /// A follow-up: the task whose session it resumes (`session_id`) and whose commit is its
+    /// `base`.
+    pub parent: Option<TaskId>,
+    pub session_id: Option<String>,
 }
 
 /// A spending limit: the agent is interrupted when its spend passes either.
@@ -557,6 +564,9 @@ impl TaskSpec {
             request_id: None,
             ask: Vec::new(),
             budget: Budget::default(),
+            base_ref: None,
+            parent: None,
+            session_id: None,
         }
     }
 }
@@ -624,6 +634,28 @@ pub struct Task {
     /// The batch budget this task shares, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget_group: Option<i64>,
+    /// The branch it was submitted from (`merge_task`'s default target).
+    #[serde(default)]
+    pub base_ref: Option<String>,
+    /// The commit its branch started from: `base`, or its dependencies' work.
+    #[serde(default)]
+    pub started_from: Option<String>,
+    /// The dependencies whose work it started from.
+    #[serde(default)]
+    pub stacked_on: Vec<TaskId>,
+    #[serde(default)]
+    pub merged_into: Option<String>,
+    #[serde(default)]
+    pub merge_commit: Option<String>,
+    /// Tasks that depend on this one.
+    #[serde(default)]
+    pub dependents: Vec<TaskId>,
+    /// The task this one follows up (its session and its commit).
+    #[serde(default)]
+    pub parent: Option<TaskId>,
+    /// Follow-ups of this task.
+    #[serde(default)]
+    pub followups: Vec<TaskId>,
     pub session_id: Option<String>,
     pub result: Option<serde_json::Value>,
     pub error: Option<String>,

@@ -14,6 +14,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0002_claude_jobs.sql"),
     include_str!("../migrations/0003_worker_agent.sql"),
     include_str!("../migrations/0004_decisions.sql"),
+    include_str!("../migrations/0005_plans.sql"),
 ];
 
 /// A worker with no heartbeat for this long is reported as stale.
@@ -39,7 +40,8 @@ const TASK_COLUMNS: &str = "id, title, prompt, repo, base, priority, model, agen
     no_network, no_shell, worktree_keep, max_attempts, timeout_s, question_timeout_s, request_id, \
     status, question, session_id, result, error, attempts, worker, lease_until, cancel_requested, \
     branch, worktree, created_at, started_at, finished_at, updated_at, not_before, ask, ask_rules, \
-    max_cost_usd, max_tokens, budget_group";
+    max_cost_usd, max_tokens, budget_group, base_ref, started_from, stacked_on, merged_into, \
+    merge_commit, parent";
 
 /// Short, fixed sleeps between retries keep several writer processes fair; SQLite's default
 /// handler backs off to 100 ms sleeps, and a process deep in back-off starves while the others
@@ -112,6 +114,19 @@ fn task_from_row(row: &Row<'_>) -> rusqlite::Result<Task> {
         ask_rules,
         budget: Budget { max_cost_usd: row.get(34)?, max_tokens: row.get(35)? },
         budget_group: row.get(36)?,
+        base_ref: row.get(37)?,
+        started_from: row.get(38)?,
+        stacked_on: json_col(39)?
+            .and_then(|v| serde_json::from_value::<Vec<i64>>(v).ok())
+            .unwrap_or_default()
+            .into_iter()
+            .map(TaskId)
+            .collect(),
+        merged_into: row.get(40)?,
+        merge_commit: row.get(41)?,
+        dependents: Vec::new(),
+        parent: row.get::<_, Option<i64>>(42)?.map(TaskId),
+        followups: Vec::new(),
         session_id: row.get(18)?,
         result,
         error: row.get(20)?,
@@ -462,9 +477,10 @@ impl Store {
                     "INSERT INTO tasks (title, prompt, repo, base, priority, model, agent, readonly,
                         no_network, no_shell, worktree_keep, max_attempts, timeout_s,
                         question_timeout_s, request_id, status, created_at, updated_at,
-                        ask_rules, max_cost_usd, max_tokens, budget_group)
+                        ask_rules, max_cost_usd, max_tokens, budget_group, base_ref, parent,
+                        session_id)
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15,
-                        'queued', ?16, ?16, ?17, ?18, ?19, ?20)",
+                        'queued', ?16, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23)",
                     params![
                         title,
                         spec.prompt,
@@ -487,6 +503,9 @@ impl Store {
                         spec.budget.max_cost_usd,
                         spec.budget.max_tokens,
                         group,
+                        spec.base_ref,
+                        spec.parent.map(|p| p.0),
+                        spec.session_id,
                     ],
                 )?;
                 ids.push((TaskId(tx.last_insert_rowid()), true));
@@ -783,7 +802,8 @@ impl Store {
                     agent_started = coalesce(?2, agent_started),
                     session_id = coalesce(?3, session_id), branch = coalesce(?4, branch),
                     worktree = coalesce(?5, worktree), result = coalesce(?9, result),
-                    updated_at = ?6
+                    started_from = coalesce(?10, started_from),
+                    stacked_on = coalesce(?11, stacked_on), updated_at = ?6
                  WHERE id = ?7 AND lease_token = ?8 AND status = 'running'",
                 params![
                     facts.agent_pid,
@@ -795,6 +815,11 @@ impl Store {
                     id.0,
                     token,
                     facts.result.map(|v| v.to_string()),
+                    facts.started_from,
+                    facts.stacked_on.map(|ids| serde_json::Value::from(
+                        ids.iter().map(|i| i.0).collect::<Vec<_>>()
+                    )
+                    .to_string()),
                 ],
             )?;
             if n == 0 { Err(Error::StaleLease { id, token }) } else { Ok(()) }
@@ -1095,6 +1120,30 @@ impl Store {
                 params![answer.trim(), now, id.0],
             )?;
             load_task(tx, id)
+        })
+    }
+
+    /// Records that the work of `ids` (a task and the dependencies its branch carries) was
+    /// merged into `into` by `commit`. Only done tasks can be merged.
+    pub fn record_merge(&self, ids: &[TaskId], into: &str, commit: &str) -> Result<()> {
+        self.write(|tx, now| {
+            for id in ids {
+                let from = status_of(tx, *id)?;
+                if from != TaskStatus::Done {
+                    return Err(Error::InvalidTransition {
+                        id: *id,
+                        from,
+                        action: "merge_task",
+                        allowed: "done",
+                    });
+                }
+                tx.execute(
+                    "UPDATE tasks SET merged_into = ?1, merge_commit = ?2, updated_at = ?3
+                      WHERE id = ?4",
+                    params![into, commit, now, id.0],
+                )?;
+            }
+            Ok(())
         })
     }
 
@@ -1403,6 +1452,9 @@ pub struct RunFacts {
     pub worktree: Option<String>,
     /// The result so far (a running task's spend), replaced by the final one when it ends.
     pub result: Option<serde_json::Value>,
+    /// The commit the branch started from, and the dependencies whose work that is.
+    pub started_from: Option<String>,
+    pub stacked_on: Option<Vec<TaskId>>,
 }
 
 /// Task ids from a `group_concat(id)` column (NULL when there are none).
@@ -1499,6 +1551,13 @@ fn fill_relations(conn: &Connection, task: &mut Task) -> Result<()> {
     if task.is_blocked() {
         task.display_status = "blocked".into();
     }
+    let mut stmt = conn
+        .prepare_cached("SELECT task_id FROM task_deps WHERE depends_on = ?1 ORDER BY task_id")?;
+    task.dependents =
+        stmt.query_map([task.id.0], |r| r.get(0).map(TaskId))?.collect::<Result<_, _>>()?;
+    let mut stmt = conn.prepare_cached("SELECT id FROM tasks WHERE parent = ?1 ORDER BY id")?;
+    task.followups =
+        stmt.query_map([task.id.0], |r| r.get(0).map(TaskId))?.collect::<Result<_, _>>()?;
     let mut stmt = conn.prepare_cached(
         "SELECT note, created_at, delivered FROM task_notes WHERE task_id = ?1 ORDER BY id",
     )?;

@@ -36,10 +36,13 @@ pub enum Action {
     Dismiss,
     ToggleChoice,
     WriteAnswer,
+    MergeTask,
+    FollowupTask,
+    OpenPlan,
 }
 
 impl Action {
-    pub const ALL: [Action; 32] = [
+    pub const ALL: [Action; 35] = [
         Action::SelectNext,
         Action::SelectPrev,
         Action::PageDown,
@@ -72,6 +75,9 @@ impl Action {
         Action::Dismiss,
         Action::ToggleChoice,
         Action::WriteAnswer,
+        Action::MergeTask,
+        Action::FollowupTask,
+        Action::OpenPlan,
     ];
 
     pub fn name(self) -> &'static str {
@@ -108,6 +114,9 @@ impl Action {
             Action::Dismiss => "dismiss",
             Action::ToggleChoice => "toggle-choice",
             Action::WriteAnswer => "write-answer",
+            Action::MergeTask => "merge-task",
+            Action::FollowupTask => "followup-task",
+            Action::OpenPlan => "open-plan",
         }
     }
 
@@ -145,6 +154,9 @@ impl Action {
             Action::Dismiss => "Cancel / close",
             Action::ToggleChoice => "Pick or unpick an option (when several may be chosen)",
             Action::WriteAnswer => "Write the answer as free text instead",
+            Action::MergeTask => "Merge a done task into its branch (asks first)",
+            Action::FollowupTask => "Follow up a done or failed task in its session",
+            Action::OpenPlan => "Show the task's plan: dependencies and follow-ups",
         }
     }
 
@@ -164,6 +176,9 @@ impl Action {
             Action::ToggleHelp => "help",
             Action::Quit => "quit",
             Action::FocusNext => "pane",
+            Action::MergeTask => "merge",
+            Action::FollowupTask => "follow-up",
+            Action::OpenPlan => "plan",
             other => other.name(),
         }
     }

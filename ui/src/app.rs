@@ -29,18 +29,21 @@ pub enum RightPane {
     Logs,
     Diff,
     Questions,
+    Plan,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EditorKind {
     Answer(i64),
     Note(i64),
+    Followup(i64),
     Search,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ConfirmKind {
     Cancel(i64),
+    Merge(i64),
     Quit { running: usize },
 }
 
@@ -198,6 +201,8 @@ pub enum Op {
     Answer(i64, String),
     Note(i64, String),
     Submit { prompt: String, repo: String },
+    Merge(i64),
+    Followup(i64, String),
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -210,6 +215,8 @@ pub enum Effect {
         offset: Option<u64>,
     },
     LoadDiff(i64),
+    /// The tasks related to this one, drawn as a tree.
+    LoadPlan(i64),
     Queue(Op),
     Bell {
         title: String,
@@ -242,6 +249,10 @@ pub enum Event {
     DiffLoaded {
         id: i64,
         text: String,
+    },
+    PlanLoaded {
+        id: i64,
+        lines: Vec<String>,
     },
     OpDone(Result<String, String>),
     /// The queue's answer to the new-task dialog.
@@ -291,6 +302,8 @@ pub struct Model {
     pub log: LogView,
     pub diff: DiffView,
     pub question_sel: usize,
+    /// The plan pane: the task it was drawn for and its lines.
+    pub plan: (Option<i64>, Vec<String>),
     pub popup: Option<Popup>,
     pub header: Header,
     pub message: Option<String>,
@@ -344,6 +357,7 @@ impl Model {
             log: LogView { follow: true, ..Default::default() },
             diff: DiffView::default(),
             question_sel: 0,
+            plan: (None, Vec::new()),
             popup: None,
             header: Header::default(),
             message: None,
@@ -411,6 +425,7 @@ impl Model {
                 }
                 vec![Effect::LoadDiff(id)]
             }
+            RightPane::Plan => vec![Effect::LoadPlan(id)],
         }
     }
 
@@ -447,6 +462,12 @@ impl Model {
             Event::LogLoaded { id, text, next_offset, from_tail } => {
                 if self.log.id == Some(id) {
                     self.append_log(&text, next_offset, from_tail);
+                }
+                vec![]
+            }
+            Event::PlanLoaded { id, lines } => {
+                if self.selected_id() == Some(id) {
+                    self.plan = (Some(id), lines);
                 }
                 vec![]
             }
@@ -560,6 +581,7 @@ impl Model {
             match self.right {
                 RightPane::Detail | RightPane::Questions => effects.push(Effect::LoadDetail(id)),
                 RightPane::Diff if changed_selection => effects.push(Effect::LoadDiff(id)),
+                RightPane::Plan => effects.push(Effect::LoadPlan(id)),
                 RightPane::Logs if self.log.id != Some(id) => effects.extend(self.load_selected()),
                 _ => {}
             }
@@ -641,6 +663,38 @@ impl Model {
             Action::OpenLogs => self.open(RightPane::Logs),
             Action::OpenDiff => self.open(RightPane::Diff),
             Action::OpenQuestions => self.open(RightPane::Questions),
+            Action::OpenPlan => self.open(RightPane::Plan),
+            Action::MergeTask => match self.target() {
+                Some(r) if r.status == TaskStatus::Done => {
+                    self.popup = Some(Popup::Confirm(ConfirmKind::Merge(r.id.0)));
+                    vec![]
+                }
+                Some(r) => self.say(format!(
+                    "task {} is {}: only a done task can be merged",
+                    r.id.0,
+                    r.display_status()
+                )),
+                None => self.say("no task selected".into()),
+            },
+            Action::FollowupTask => match self.target() {
+                Some(r) if matches!(r.status, TaskStatus::Done | TaskStatus::Failed) => {
+                    let title = format!(
+                        " Follow up task {} in its session: what next? (Ctrl-S sends, Esc cancels) ",
+                        r.id.0
+                    );
+                    self.popup = Some(Popup::Editor {
+                        kind: EditorKind::Followup(r.id.0),
+                        area: editor(&title),
+                    });
+                    vec![]
+                }
+                Some(r) => self.say(format!(
+                    "task {} is {}: only a done or failed task can be followed up",
+                    r.id.0,
+                    r.display_status()
+                )),
+                None => self.say("no task selected".into()),
+            },
             Action::AnswerTask => match self.target() {
                 Some(r) if r.status == TaskStatus::Waiting => {
                     if let Some(choice) = r.ask.as_ref().and_then(|a| Choice::for_ask(r.id.0, a)) {
@@ -797,7 +851,7 @@ impl Model {
                         (self.diff.scroll as isize + delta).clamp(0, max as isize) as usize;
                     return vec![];
                 }
-                RightPane::Detail => {
+                RightPane::Detail | RightPane::Plan => {
                     self.detail_scroll = (self.detail_scroll as isize + delta).max(0) as usize;
                     return vec![];
                 }
@@ -824,6 +878,7 @@ impl Model {
         let Some(Popup::Confirm(kind)) = self.popup.take() else { return vec![] };
         match (action, kind) {
             (Action::Confirm, ConfirmKind::Cancel(id)) => vec![Effect::Queue(Op::Cancel(id))],
+            (Action::Confirm, ConfirmKind::Merge(id)) => vec![Effect::Queue(Op::Merge(id))],
             (Action::Confirm, ConfirmKind::Quit { .. }) => {
                 self.quit = true;
                 vec![Effect::Quit]
@@ -961,6 +1016,7 @@ impl Model {
                 match kind {
                     EditorKind::Answer(id) => vec![Effect::Queue(Op::Answer(id, text))],
                     EditorKind::Note(id) => vec![Effect::Queue(Op::Note(id, text))],
+                    EditorKind::Followup(id) => vec![Effect::Queue(Op::Followup(id, text))],
                     EditorKind::Search => {
                         self.search_log(text.trim());
                         vec![]

@@ -225,6 +225,12 @@ impl Effects {
                     }
                 });
             }
+            Effect::LoadPlan(id) => {
+                tokio::task::spawn_blocking(move || {
+                    let lines = plan_lines(&store, TaskId(id));
+                    send(Event::PlanLoaded { id, lines });
+                });
+            }
             Effect::LoadDiff(id) => {
                 tokio::task::spawn_blocking(move || {
                     let Ok(t) = store.get(TaskId(id)) else { return };
@@ -235,7 +241,10 @@ impl Effects {
                         .filter(|w| !t.status.is_terminal() && std::path::Path::new(w).exists());
                     let text = match live {
                         Some(wt) => {
-                            worker::git::diff_against_base(std::path::Path::new(wt), &t.base)
+                            // Its own work: against where it started (a stacked task's
+                            // dependencies' work).
+                            let from = t.started_from.as_deref().unwrap_or(&t.base);
+                            worker::git::diff_against_base(std::path::Path::new(wt), from)
                                 .map(|d| d.patch)
                                 .unwrap_or_default()
                         }
@@ -260,6 +269,67 @@ impl Effects {
             }
         }
     }
+}
+
+/// The tasks connected to `id` by dependencies and follow-ups, as an indented tree from the
+/// tasks that depend on nothing: each with its state, spend and merge status.
+pub fn plan_lines(store: &Store, id: TaskId) -> Vec<String> {
+    use std::collections::{BTreeMap, BTreeSet};
+    let mut tasks: BTreeMap<TaskId, queue::Task> = BTreeMap::new();
+    let mut todo = vec![id];
+    while let Some(t) = todo.pop() {
+        if tasks.contains_key(&t) || tasks.len() >= 200 {
+            continue;
+        }
+        let Ok(task) = store.get(t) else { continue };
+        todo.extend(task.depends_on.iter().chain(&task.dependents).chain(&task.followups));
+        todo.extend(task.parent);
+        tasks.insert(t, task);
+    }
+    let roots: Vec<TaskId> = tasks
+        .values()
+        .filter(|t| t.parent.is_none() && t.depends_on.iter().all(|d| !tasks.contains_key(d)))
+        .map(|t| t.id)
+        .collect();
+    let mut out = Vec::new();
+    let mut shown = BTreeSet::new();
+    fn walk(
+        t: TaskId,
+        depth: usize,
+        how: &str,
+        tasks: &std::collections::BTreeMap<TaskId, queue::Task>,
+        shown: &mut std::collections::BTreeSet<TaskId>,
+        out: &mut Vec<String>,
+    ) {
+        let Some(task) = tasks.get(&t) else { return };
+        let indent = "  ".repeat(depth);
+        if !shown.insert(t) {
+            out.push(format!("{indent}{how}#{} (above)", t.0));
+            return;
+        }
+        let spend = task
+            .result
+            .as_ref()
+            .and_then(|r| r.pointer("/usage/cost_usd").and_then(serde_json::Value::as_f64))
+            .map(|c| format!("  ${c:.2}"))
+            .unwrap_or_default();
+        let merged =
+            task.merged_into.as_deref().map(|b| format!("  merged into {b}")).unwrap_or_default();
+        out.push(format!(
+            "{indent}{how}#{} {:<9} {}{spend}{merged}",
+            t.0, task.display_status, task.title
+        ));
+        for d in &task.dependents {
+            walk(*d, depth + 1, "then ", tasks, shown, out);
+        }
+        for f in &task.followups {
+            walk(*f, depth + 1, "follow-up ", tasks, shown, out);
+        }
+    }
+    for r in roots {
+        walk(r, 0, "", &tasks, &mut shown, &mut out);
+    }
+    out
 }
 
 /// Performs a queue operation and describes the outcome for the status line.
@@ -291,6 +361,19 @@ fn apply(
             .answer(TaskId(id), &text, "tui")
             .map(|_| format!("task {id} answered; it resumes its session"))
             .map_err(e),
+        Op::Merge(id) => worker::merge::merge_task(store, TaskId(id), None, false)
+            .map(|r| {
+                format!(
+                    "task {id}: merged into {} ({}, {})",
+                    r.into,
+                    r.how,
+                    &r.commit[..12.min(r.commit.len())]
+                )
+            })
+            .map_err(|e| e.to_string()),
+        Op::Followup(id, text) => worker::followup(store, TaskId(id), &text)
+            .map(|t| format!("task {}: follows up task {id} in its session", t.id.0))
+            .map_err(|e| e.to_string()),
         Op::Note(id, text) => {
             store.add_note(TaskId(id), &text).map(|_| format!("task {id}: note added")).map_err(e)
         }

@@ -91,6 +91,7 @@ pub fn draw(m: &Model, f: &mut Frame) {
         RightPane::Logs => draw_logs(m, f, right),
         RightPane::Diff => draw_diff(m, f, right),
         RightPane::Questions => draw_questions(m, f, right),
+        RightPane::Plan => draw_plan(m, f, right),
     }
     draw_footer(m, f, footer);
     match &m.popup {
@@ -364,6 +365,23 @@ fn draw_detail(m: &Model, f: &mut Frame, area: Rect) {
     if let Some(b) = &t.branch {
         lines.push(Line::from(format!("branch {b}")));
     }
+    let ids =
+        |v: &[queue::TaskId]| v.iter().map(|i| format!("#{}", i.0)).collect::<Vec<_>>().join(", ");
+    if !t.stacked_on.is_empty() {
+        lines.push(Line::from(format!("builds on {}", ids(&t.stacked_on))));
+    }
+    if let Some(p) = t.parent {
+        lines.push(Line::from(format!("follows up #{} (its session)", p.0)));
+    }
+    if !t.dependents.is_empty() {
+        lines.push(Line::from(format!("needed by {}", ids(&t.dependents))));
+    }
+    if !t.followups.is_empty() {
+        lines.push(Line::from(format!("follow-ups {}", ids(&t.followups))));
+    }
+    if let Some(into) = &t.merged_into {
+        lines.push(Line::styled(format!("merged into {into}"), Style::new().fg(Color::Green)));
+    }
     if let Some(model) = &t.model {
         lines.push(Line::from(format!("model {model}")));
     }
@@ -547,6 +565,35 @@ fn draw_diff(m: &Model, f: &mut Frame, area: Rect) {
     f.render_widget(Paragraph::new(lines), inner);
 }
 
+fn draw_plan(m: &Model, f: &mut Frame, area: Rect) {
+    let block = pane_block(" Plan: dependencies and follow-ups ".into(), m.focus == Focus::Right);
+    let here = m.selected_id();
+    let lines: Vec<Line> = match (m.plan.0, here) {
+        (Some(id), Some(sel)) if id == sel => m
+            .plan
+            .1
+            .iter()
+            .map(|l| {
+                let mine =
+                    l.trim_start().trim_start_matches("then ").trim_start_matches("follow-up ");
+                let style = if mine.starts_with(&format!("#{sel} ")) {
+                    Style::new().add_modifier(Modifier::BOLD)
+                } else {
+                    Style::new()
+                };
+                let state = l.split_whitespace().find(|w| {
+                    ["queued", "blocked", "running", "waiting", "done", "failed", "cancelled"]
+                        .contains(w)
+                });
+                let color = state.map(status_color).unwrap_or(Color::Reset);
+                Line::styled(l.clone(), style.fg(color))
+            })
+            .collect(),
+        _ => vec![Line::from("")],
+    };
+    f.render_widget(Paragraph::new(lines).block(block).scroll((m.detail_scroll as u16, 0)), area);
+}
+
 fn draw_questions(m: &Model, f: &mut Frame, area: Rect) {
     let waiting = m.waiting();
     let block =
@@ -671,6 +718,10 @@ fn draw_help(m: &Model, f: &mut Frame, area: Rect) {
 
 fn draw_confirm(kind: ConfirmKind, f: &mut Frame, area: Rect) {
     let text = match kind {
+        ConfirmKind::Merge(id) => format!(
+            "Merge task {id} into the branch it was submitted from? A fast-forward when it can, \
+             else a merge commit; a dirty checkout or a conflict changes nothing.\n\ny: merge   n: no"
+        ),
         ConfirmKind::Cancel(id) => format!(
             "Cancel task {id}? Its agent is stopped and its worktree kept.\n\ny: yes   n: no"
         ),

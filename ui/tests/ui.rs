@@ -522,3 +522,65 @@ fn a_permission_request_offers_once_always_reject_and_feedback() {
     typed(&mut m, "use staging");
     assert_eq!(ctrl(&mut m, 's'), vec![Effect::Queue(Op::Answer(3, "reject: use staging".into()))]);
 }
+
+#[test]
+fn m_merges_a_done_task_after_asking_and_u_follows_one_up() {
+    let mut m = busy();
+    // Row 2 ("Fix the flaky login test") is done: the 4th row.
+    for _ in 0..3 {
+        ch(&mut m, 'j');
+    }
+    assert!(ch(&mut m, 'm').is_empty());
+    assert!(matches!(m.popup, Some(Popup::Confirm(ConfirmKind::Merge(2)))));
+    let screen = format!("{:?}", render(&m, 100, 24).backend());
+    assert!(screen.contains("Merge task 2 into the branch it was submitted from?"), "{screen}");
+    assert_eq!(ch(&mut m, 'y'), vec![Effect::Queue(Op::Merge(2))]);
+
+    assert!(ch(&mut m, 'u').is_empty());
+    typed(&mut m, "Also cover the logout path");
+    assert_eq!(
+        ctrl(&mut m, 's'),
+        vec![Effect::Queue(Op::Followup(2, "Also cover the logout path".into()))]
+    );
+    // Only done tasks merge; a running one says why.
+    ch(&mut m, 'g');
+    ch(&mut m, 'j');
+    assert!(ch(&mut m, 'm').is_empty());
+    assert!(m.message.as_deref().unwrap().contains("only a done task can be merged"));
+}
+
+#[test]
+fn p_shows_the_plan_of_the_selected_task_drawn_from_the_queue() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = queue::Store::open(dir.path().join("q.db")).unwrap();
+    let spec =
+        |p: &str| queue::TaskSpec::new(p, "/tmp/repo", "0123456789abcdef0123456789abcdef01234567");
+    let mut b = spec("tests");
+    b.depends_on = vec![queue::DepRef::Batch(0)];
+    let mut c = spec("docs");
+    c.depends_on = vec![queue::DepRef::Batch(0), queue::DepRef::Batch(1)];
+    store.submit_batch(vec![spec("parser"), b, c]).unwrap();
+    let lines = taskbridge_ui::runtime::plan_lines(&store, TaskId(3));
+    assert_eq!(lines.len(), 4, "{lines:#?}");
+    assert!(lines[0].starts_with("#1 queued") && lines[0].contains("parser"), "{lines:#?}");
+    assert!(lines[1].starts_with("  then #2 blocked"), "{lines:#?}");
+    assert!(lines[2].starts_with("    then #3 blocked"), "{lines:#?}");
+    assert_eq!(lines[3], "  then #3 (above)");
+
+    let mut m = busy();
+    let fx = ch(&mut m, 'p');
+    assert_eq!(m.right, RightPane::Plan);
+    assert_eq!(fx, vec![Effect::LoadPlan(5)]);
+    m.handle(Event::PlanLoaded {
+        id: 5,
+        lines: vec![
+            "#4 running   Add a cache layer".into(),
+            "  then #5 blocked   Write the migration guide".into(),
+        ],
+    });
+    let screen = format!("{:?}", render(&m, 100, 24).backend());
+    assert!(
+        screen.contains("then #5 blocked") && screen.contains("Plan: dependencies"),
+        "{screen}"
+    );
+}

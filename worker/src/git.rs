@@ -15,6 +15,8 @@ use std::path::{Path, PathBuf};
 pub struct ResolvedRepo {
     pub toplevel: PathBuf,
     pub base: String,
+    /// The local branch that was named (or that HEAD is on), if any.
+    pub branch: Option<String>,
 }
 
 /// Finds the repository containing `path` and resolves `reference` (default `HEAD`) to a commit.
@@ -49,7 +51,189 @@ pub fn resolve_repo(path: &Path, reference: Option<&str>) -> Result<ResolvedRepo
                 ))
             }
         })?;
-    Ok(ResolvedRepo { toplevel, base: commit.id().to_string() })
+    let branch = if reference == "HEAD" {
+        repo.head()
+            .ok()
+            .filter(|h| h.is_branch())
+            .and_then(|h| h.shorthand().ok().map(str::to_owned))
+    } else {
+        repo.find_branch(reference, BranchType::Local).ok().map(|_| reference.to_owned())
+    };
+    Ok(ResolvedRepo { toplevel, base: commit.id().to_string(), branch })
+}
+
+/// Why dependencies' work cannot be put together.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StackConflict {
+    /// Indexes (into the caller's list) of the work merged so far, and of the one that conflicts.
+    pub merged: Vec<usize>,
+    pub with: usize,
+    pub paths: Vec<String>,
+}
+
+/// The commit a task with dependencies starts from: one dependency's commit, or a merge of
+/// several (in the order given) made here, before any agent runs. A commit that another one
+/// already contains adds nothing. `None` when there is no commit at all.
+pub fn stack_start(
+    repo_path: &Path,
+    commits: &[String],
+    message: &str,
+) -> Result<std::result::Result<Option<String>, StackConflict>> {
+    let repo = Repository::open(repo_path)?;
+    let mut acc: Option<(git2::Commit<'_>, Vec<usize>)> = None;
+    for (i, c) in commits.iter().enumerate() {
+        let next = repo.find_commit(Oid::from_str(c)?)?;
+        let Some((cur, merged)) = acc.take() else {
+            acc = Some((next, vec![i]));
+            continue;
+        };
+        if cur.id() == next.id() || repo.graph_descendant_of(cur.id(), next.id())? {
+            acc = Some((cur, merged));
+            continue;
+        }
+        if repo.graph_descendant_of(next.id(), cur.id())? {
+            let mut merged = merged;
+            merged.push(i);
+            acc = Some((next, merged));
+            continue;
+        }
+        let mut index = repo.merge_commits(&cur, &next, None)?;
+        if index.has_conflicts() {
+            let mut paths: Vec<String> = index
+                .conflicts()?
+                .flatten()
+                .filter_map(|c| c.our.or(c.their).or(c.ancestor))
+                .map(|e| String::from_utf8_lossy(&e.path).into_owned())
+                .collect();
+            paths.sort();
+            paths.dedup();
+            return Ok(Err(StackConflict { merged, with: i, paths }));
+        }
+        let tree = repo.find_tree(index.write_tree_to(&repo)?)?;
+        let sig = signature(&repo)?;
+        let oid = repo.commit(None, &sig, &sig, message, &tree, &[&cur, &next])?;
+        let mut merged = merged;
+        merged.push(i);
+        acc = Some((repo.find_commit(oid)?, merged));
+    }
+    Ok(Ok(acc.map(|(c, _)| c.id().to_string())))
+}
+
+/// What [`merge_into`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Merged {
+    pub commit: String,
+    /// `fast-forward`, `merge` or `squash`.
+    pub how: &'static str,
+    /// The working tree that has `into` checked out and was updated, if any.
+    pub checkout: Option<PathBuf>,
+}
+
+/// Brings `commit` (a task's work) into the local branch `into`: a fast-forward when possible
+/// (and not `squash`), else a merge commit, or one squashed commit. Where `into` is checked out
+/// (the main working tree or another worktree) that tree must have no uncommitted changes, and
+/// it is updated as `git merge` would. A conflict changes nothing. `Err` says why, for the user.
+pub fn merge_into(
+    repo_path: &Path,
+    commit: &str,
+    into: &str,
+    squash: bool,
+    message: &str,
+) -> std::result::Result<Merged, String> {
+    let fail = |e: git2::Error| e.message().to_owned();
+    let repo = Repository::open(repo_path).map_err(fail)?;
+    let _lock = RepoLock::acquire(&repo).map_err(|e| e.message)?;
+    let theirs = Oid::from_str(commit).and_then(|o| repo.find_commit(o)).map_err(fail)?;
+    let target_ref = format!("refs/heads/{into}");
+    let mut target = repo.find_reference(&target_ref).map_err(|_| {
+        format!("there is no branch '{into}' in '{}'; name one that exists", repo_path.display())
+    })?;
+    let ours = target.peel_to_commit().map_err(fail)?;
+    // Where the branch is checked out, if anywhere.
+    let main_on =
+        repo.head().ok().and_then(|h| h.name().ok().map(str::to_owned)) == Some(target_ref.clone());
+    let checkout: Option<PathBuf> = if main_on {
+        repo.workdir().map(Path::to_path_buf)
+    } else {
+        registrations(&repo)
+            .into_iter()
+            .find(|r| r.head.as_deref() == Some(target_ref.as_str()) && opens(&r.path))
+            .map(|r| r.path)
+    };
+    let wt = match &checkout {
+        Some(dir) => {
+            let wt = Repository::open(dir).map_err(fail)?;
+            let mut opts = StatusOptions::new();
+            opts.include_untracked(false).include_ignored(false);
+            let dirty: Vec<String> = wt
+                .statuses(Some(&mut opts))
+                .map_err(fail)?
+                .iter()
+                .filter_map(|s| s.path().ok().map(str::to_owned))
+                .collect();
+            if !dirty.is_empty() {
+                return Err(format!(
+                    "'{into}' is checked out in '{}' with uncommitted changes to {}; commit or \
+                     stash them, then merge again (nothing was changed)",
+                    dir.display(),
+                    dirty.join(", ")
+                ));
+            }
+            Some(wt)
+        }
+        None => None,
+    };
+    if ours.id() == theirs.id() || repo.graph_descendant_of(ours.id(), theirs.id()).map_err(fail)? {
+        return Err(format!("'{into}' already contains this work; nothing to merge"));
+    }
+    let ff = !squash && repo.graph_descendant_of(theirs.id(), ours.id()).map_err(fail)?;
+    let (new, how) = if ff {
+        (theirs.clone(), "fast-forward")
+    } else {
+        let mut index = repo.merge_commits(&ours, &theirs, None).map_err(fail)?;
+        if index.has_conflicts() {
+            let mut paths: Vec<String> = index
+                .conflicts()
+                .map_err(fail)?
+                .flatten()
+                .filter_map(|c| c.our.or(c.their).or(c.ancestor))
+                .map(|e| String::from_utf8_lossy(&e.path).into_owned())
+                .collect();
+            paths.sort();
+            paths.dedup();
+            return Err(format!(
+                "merging into '{into}' conflicts in {}; nothing was changed (a follow-up task can \
+                 resolve it on the task's branch)",
+                paths.join(", ")
+            ));
+        }
+        let tree_id = index.write_tree_to(&repo).map_err(fail)?;
+        let tree = repo.find_tree(tree_id).map_err(fail)?;
+        let sig = signature(&repo).map_err(|e| e.to_string())?;
+        let parents: Vec<&git2::Commit<'_>> =
+            if squash { vec![&ours] } else { vec![&ours, &theirs] };
+        let oid = repo.commit(None, &sig, &sig, message, &tree, &parents).map_err(fail)?;
+        (repo.find_commit(oid).map_err(fail)?, if squash { "squash" } else { "merge" })
+    };
+    if let Some(wt) = &wt {
+        // As `git merge` would: the files follow, and a file the merge would overwrite that
+        // is not tracked stops it before the branch moves.
+        // Objects are looked up through the repository handle that checks them out.
+        let tree = wt.find_tree(new.tree_id()).map_err(fail)?;
+        let mut co = git2::build::CheckoutBuilder::new();
+        co.safe();
+        wt.checkout_tree(tree.as_object(), Some(&mut co)).map_err(|e| {
+            format!("the working tree could not be updated ({}); nothing was merged", e.message())
+        })?;
+    }
+    target.set_target(new.id(), &format!("taskbridge: {how}")).map_err(fail)?;
+    if let Some(wt) = &wt {
+        // The index follows HEAD, which is the branch that just moved.
+        let mut index = wt.index().map_err(fail)?;
+        index.read_tree(&wt.find_tree(new.tree_id()).map_err(fail)?).map_err(fail)?;
+        index.write().map_err(fail)?;
+    }
+    Ok(Merged { commit: new.id().to_string(), how, checkout })
 }
 
 pub fn branch_name(task_id: i64) -> String {

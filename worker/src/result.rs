@@ -27,6 +27,28 @@ pub struct TaskResult {
     pub tool_calls: usize,
     /// Every permission request the agent made, with its answer and who gave it.
     pub permission_requests: Vec<PermissionRequest>,
+    /// The commit the task's branch started from (its diff is against it).
+    pub started_from: Option<String>,
+    /// The dependencies whose work it started from.
+    pub stacked_on: Vec<i64>,
+    /// The task could change files and changed none.
+    pub no_changes: bool,
+    /// Each check of `.taskbridge.toml`'s `[verify]` run, every round.
+    pub verification: Vec<Check>,
+    /// Whether the last round of checks passed; `None` when none are configured.
+    pub verified: Option<bool>,
+}
+
+/// One verification command TaskBridge ran itself in the worktree.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Check {
+    pub command: String,
+    /// `None` when it was stopped at its time limit.
+    pub exit_code: Option<i32>,
+    pub duration_s: f64,
+    /// The last lines of its output (stdout and stderr).
+    pub output_tail: String,
+    pub round: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -114,6 +114,41 @@ pub struct RepoConfig {
     pub setup: SetupConfig,
     #[serde(default)]
     pub permissions: PermissionsConfig,
+    #[serde(default)]
+    pub verify: VerifyConfig,
+}
+
+/// `[verify]`: checks TaskBridge runs itself after the agent says it is done.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VerifyConfig {
+    /// Shell commands, run in the worktree in order; the first that fails is sent back.
+    #[serde(default)]
+    pub commands: Vec<String>,
+    /// How many times a failure goes back to the agent before the task fails.
+    #[serde(default = "default_rounds")]
+    pub rounds: u32,
+    /// Each command's time limit.
+    #[serde(default = "default_check_timeout")]
+    pub timeout_s: u64,
+}
+
+fn default_rounds() -> u32 {
+    2
+}
+
+fn default_check_timeout() -> u64 {
+    600
+}
+
+impl Default for VerifyConfig {
+    fn default() -> Self {
+        VerifyConfig {
+            commands: vec![],
+            rounds: default_rounds(),
+            timeout_s: default_check_timeout(),
+        }
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -541,12 +576,21 @@ impl Worker {
         &self,
         task: &Task,
         token: i64,
-        resume: Option<queue::Resume>,
+        mut resume: Option<queue::Resume>,
         new_notes: Vec<String>,
         log: &mut TaskLog,
         stop: watch::Receiver<Option<StopReason>>,
     ) -> Result<Option<Outcome>> {
         let id = task.id;
+        // A task with dependencies starts from their work, put together before any agent runs.
+        let first_run = task.worktree.is_none() && task.branch.is_none();
+        let (start, deps) = match self.stack(task, first_run).await? {
+            Ok(s) => s,
+            Err(error) => {
+                log.line(&error);
+                return Ok(Some(Outcome::FailedPermanently { error, result: None }));
+            }
+        };
         let spare = match &task.worktree {
             None => self.take_spare(&task.repo),
             Some(_) => None,
@@ -557,7 +601,7 @@ impl Worker {
             .map(PathBuf::from)
             .or_else(|| spare.clone())
             .unwrap_or_else(|| self.home.worktrees_dir().join(format!("task-{}", id.0)));
-        let (repo, base, d) = (PathBuf::from(&task.repo), task.base.clone(), dir.clone());
+        let (repo, base, d) = (PathBuf::from(&task.repo), start.clone(), dir.clone());
         let known = task.branch.clone();
         let pause = self.cfg.fault_worktree_pause;
         log.line(&match &spare {
@@ -607,6 +651,9 @@ impl Worker {
         let facts = RunFacts {
             branch: Some(branch.clone()),
             worktree: Some(dir.display().to_string()),
+            started_from: Some(start.clone()),
+            stacked_on: first_run
+                .then(|| deps.iter().filter(|d| d.commit.is_some()).map(|d| d.id).collect()),
             ..Default::default()
         };
         if let Err(e) = self.blocking(move |s| s.record_run(id, token, facts)).await {
@@ -656,8 +703,16 @@ impl Worker {
         // A task that ran before in this session and was interrupted (its worker or server died,
         // an attempt failed) goes on in the same session on the warm server: the agent keeps its
         // context and the worktree keeps its work.
-        let interrupted = resume.is_none() && serving && task.session_id.is_some();
-        let prompt = match &resume {
+        // A follow-up's first run goes on in its parent's session, with the new request.
+        let followup = resume.is_none() && first_run && task.parent.is_some();
+        let followup_session = task.session_id.clone().filter(|_| followup);
+        if let Some(s) = &followup_session
+            && !serving
+        {
+            args.extend(["--session".into(), s.clone()]);
+        }
+        let interrupted = resume.is_none() && serving && task.session_id.is_some() && !followup;
+        let mut prompt = match &resume {
             Some(r) => {
                 args.extend(["--session".into(), r.session_id.clone()]);
                 match &r.ask {
@@ -666,12 +721,23 @@ impl Worker {
                 }
             }
             None if interrupted => format!("{}{notes}", crate::serve::INTERRUPTED),
-            None => {
-                format!("{PREAMBLE}\n# Task {}: {}\n\n{}{}", id.0, task.title, task.prompt, notes)
-            }
+            None if followup => format!(
+                "The planner has a follow-up on the work above. It is task {} (\"{}\"), on a new \
+                 branch that starts from where that work ended; the worktree holds it.\n\n{}\n\n\
+                 End as before with a taskbridge-result block.{notes}",
+                id.0, task.title, task.prompt
+            ),
+            None => format!(
+                "{PREAMBLE}\n{}# Task {}: {}\n\n{}{}",
+                builds_on(&deps),
+                id.0,
+                task.title,
+                task.prompt,
+                notes
+            ),
         };
         // A bare `reject` stops the agent, as OpenCode does: the task ends there.
-        let rejected = resume.as_ref().and_then(|r| {
+        let mut rejected = resume.as_ref().and_then(|r| {
             let ask = r.ask.as_ref()?;
             match ask.parse_answer(&r.answer) {
                 Ok(queue::Answer::PermissionReject { feedback: None }) => Some(ask.text()),
@@ -688,279 +754,364 @@ impl Worker {
         let deadline =
             tokio::time::Instant::now() + Duration::from_secs(task.timeout_s.max(1) as u64);
 
-        let mut tries = 0;
-        let exit = loop {
-            if let Some(server) = &self.server {
-                let mut grants = always_grants(task);
-                let delivery = match &resume {
-                    Some(r) => match &r.ask {
-                        Some(ask)
-                            if ask.request_id.as_deref().is_some()
-                                && server
-                                    .take_parked(id, ask.request_id.as_deref().unwrap_or(""))
-                                    .await =>
-                        {
-                            // A tool call's reply carries notes only for a question; a
-                            // permission's would lose them, so they wait for the next prompt.
-                            if ask.kind != queue::AskKind::Question && !new_notes.is_empty() {
-                                let notes = new_notes.clone();
-                                let undone = self
-                                    .blocking(move |s| s.undeliver_notes(id, token, &notes))
-                                    .await;
-                                if let Err(e) = undone {
-                                    tracing::warn!(task = %id, error = %e, "keeping notes for later failed");
-                                }
-                            }
-                            native_reply(ask, &r.answer, &new_notes)
-                        }
-                        Some(ask) => {
-                            // The blocked request is gone: an approval must still hold when
-                            // the agent asks again for the same thing.
-                            if let (Some(p), Ok(a)) = (&ask.permission, ask.parse_answer(&r.answer))
-                                && matches!(
-                                    a,
-                                    queue::Answer::PermissionOnce | queue::Answer::PermissionAlways
-                                )
+        // A failed check sends its output back to the agent in the same session: another turn
+        // of this same run, up to the repository's `[verify] rounds`.
+        let verify = RepoConfig::read(Path::new(&task.repo)).map(|c| c.verify).unwrap_or_default();
+        let mut verification: Vec<result::Check> = Vec::new();
+        let mut verify_round = 0u32;
+        let mut follow_session: Option<String> = None;
+        let mut carried = Usage::default();
+        let mut res = 'agent: loop {
+            let mut tries = 0;
+            let exit = loop {
+                if let Some(server) = &self.server {
+                    let mut grants = always_grants(task);
+                    let delivery = match &resume {
+                        Some(r) => match &r.ask {
+                            Some(ask)
+                                if ask.request_id.as_deref().is_some()
+                                    && server
+                                        .take_parked(id, ask.request_id.as_deref().unwrap_or(""))
+                                        .await =>
                             {
-                                grants.once.push((p.permission.clone(), p.patterns.clone()));
+                                // A tool call's reply carries notes only for a question; a
+                                // permission's would lose them, so they wait for the next prompt.
+                                if ask.kind != queue::AskKind::Question && !new_notes.is_empty() {
+                                    let notes = new_notes.clone();
+                                    let undone = self
+                                        .blocking(move |s| s.undeliver_notes(id, token, &notes))
+                                        .await;
+                                    if let Err(e) = undone {
+                                        tracing::warn!(task = %id, error = %e, "keeping notes for later failed");
+                                    }
+                                }
+                                native_reply(ask, &r.answer, &new_notes)
                             }
-                            crate::serve::Delivery::Prompt(prompt.clone())
-                        }
+                            Some(ask) => {
+                                // The blocked request is gone: an approval must still hold when
+                                // the agent asks again for the same thing.
+                                if let (Some(p), Ok(a)) =
+                                    (&ask.permission, ask.parse_answer(&r.answer))
+                                    && matches!(
+                                        a,
+                                        queue::Answer::PermissionOnce
+                                            | queue::Answer::PermissionAlways
+                                    )
+                                {
+                                    grants.once.push((p.permission.clone(), p.patterns.clone()));
+                                }
+                                crate::serve::Delivery::Prompt(prompt.clone())
+                            }
+                            None => crate::serve::Delivery::Prompt(prompt.clone()),
+                        },
                         None => crate::serve::Delivery::Prompt(prompt.clone()),
-                    },
-                    None => crate::serve::Delivery::Prompt(prompt.clone()),
-                };
-                if let (Some(what), crate::serve::Delivery::Prompt(_)) = (&rejected, &delivery) {
-                    let error = format!("stopped: the answer rejected {what}");
-                    return Ok(Some(Outcome::FailedPermanently { error, result: None }));
-                }
-                let turn = crate::serve::Turn {
-                    task,
-                    dir: &dir,
-                    delivery,
-                    model: model.clone(),
-                    session: resume
-                        .as_ref()
-                        .map(|r| r.session_id.clone())
-                        .or_else(|| task.session_id.clone().filter(|_| interrupted)),
-                    grants,
-                };
-                // The spend so far, on the task while it runs (earlier runs' usage included),
-                // checked against the task's budgets after every step.
-                let (store, prev) = (self.store.clone(), previous_usage(task));
-                let session = turn.session.clone();
-                let earlier_budget =
-                    task.questions.iter().filter_map(|q| q.ask.as_ref()?.budget.clone()).next();
-                let mut on_step = move |p: crate::serve::Progress<'_>| {
-                    let u = match p {
-                        crate::serve::Progress::Session(s) => {
-                            let facts =
-                                RunFacts { session_id: Some(s.to_owned()), ..Default::default() };
-                            if let Err(e) = store.record_run(id, token, facts) {
-                                tracing::debug!(task = %id, error = %e, "recording the session failed");
-                            }
-                            return crate::serve::Control::Go;
-                        }
-                        crate::serve::Progress::Approved(ask) => {
-                            let (store, ask) = (store.clone(), ask.clone());
-                            tokio::task::spawn_blocking(move || {
-                                let r = store.record_decision(id, token, &ask, "once", "rule");
-                                if let Err(e) = r {
-                                    tracing::debug!(task = %id, error = %e, "recording a decision failed");
-                                }
-                            });
-                            return crate::serve::Control::Go;
-                        }
-                        crate::serve::Progress::Step(u) => u,
                     };
-                    let mut usage = prev.clone();
-                    usage.add(u);
-                    let (cost, tokens) =
-                        (usage.cost_usd, (usage.input_tokens + usage.output_tokens) as i64);
-                    let partial =
-                        TaskResult { usage, session_id: session.clone(), ..Default::default() };
-                    let facts = RunFacts { result: Some(to_json(&partial)), ..Default::default() };
-                    // Read and written in place: both are single-row statements, and the budget
-                    // must be checked before the agent takes another step.
-                    if let Err(e) = store.record_run(id, token, facts) {
-                        tracing::debug!(task = %id, error = %e, "recording the spend failed");
-                    }
-                    match store.budget_of(id).map(|b| b.passed(cost, tokens)) {
-                        Ok(Some(mut stop)) => {
-                            if let Some(first) = &earlier_budget
-                                && first.limit == stop.limit
-                                && first.scope == stop.scope
-                            {
-                                stop.original = first.original;
-                            }
-                            crate::serve::Control::Stop(Box::new(queue::Ask::budget(stop)))
-                        }
-                        Ok(None) => crate::serve::Control::Go,
-                        Err(e) => {
-                            tracing::warn!(task = %id, error = %e, "reading the budget failed");
-                            crate::serve::Control::Go
-                        }
-                    }
-                };
-                match server.run(turn, log, stop.clone(), deadline, &mut on_step).await {
-                    Ok(exit) => break exit,
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                        let error = format!(
-                            "could not start '{}': not found. Install OpenCode with `npm install \
-                             -g opencode-ai` or set TASKBRIDGE_OPENCODE to its path",
-                            self.cfg.opencode.display()
-                        );
+                    if let (Some(what), crate::serve::Delivery::Prompt(_)) = (&rejected, &delivery)
+                    {
+                        let error = format!("stopped: the answer rejected {what}");
                         return Ok(Some(Outcome::FailedPermanently { error, result: None }));
                     }
+                    let turn = crate::serve::Turn {
+                        task,
+                        dir: &dir,
+                        delivery,
+                        model: model.clone(),
+                        session: resume
+                            .as_ref()
+                            .map(|r| r.session_id.clone())
+                            .or_else(|| follow_session.clone())
+                            .or_else(|| followup_session.clone())
+                            .or_else(|| task.session_id.clone().filter(|_| interrupted)),
+                        grants,
+                    };
+                    // The spend so far, on the task while it runs (earlier runs' usage included),
+                    // checked against the task's budgets after every step.
+                    let (store, prev) = (self.store.clone(), previous_usage(task));
+                    let session = turn.session.clone();
+                    let earlier_budget =
+                        task.questions.iter().filter_map(|q| q.ask.as_ref()?.budget.clone()).next();
+                    let mut on_step = move |p: crate::serve::Progress<'_>| {
+                        let u = match p {
+                            crate::serve::Progress::Session(s) => {
+                                let facts = RunFacts {
+                                    session_id: Some(s.to_owned()),
+                                    ..Default::default()
+                                };
+                                if let Err(e) = store.record_run(id, token, facts) {
+                                    tracing::debug!(task = %id, error = %e, "recording the session failed");
+                                }
+                                return crate::serve::Control::Go;
+                            }
+                            crate::serve::Progress::Approved(ask) => {
+                                let (store, ask) = (store.clone(), ask.clone());
+                                tokio::task::spawn_blocking(move || {
+                                    let r = store.record_decision(id, token, &ask, "once", "rule");
+                                    if let Err(e) = r {
+                                        tracing::debug!(task = %id, error = %e, "recording a decision failed");
+                                    }
+                                });
+                                return crate::serve::Control::Go;
+                            }
+                            crate::serve::Progress::Step(u) => u,
+                        };
+                        let mut usage = prev.clone();
+                        usage.add(u);
+                        let (cost, tokens) =
+                            (usage.cost_usd, (usage.input_tokens + usage.output_tokens) as i64);
+                        let partial =
+                            TaskResult { usage, session_id: session.clone(), ..Default::default() };
+                        let facts =
+                            RunFacts { result: Some(to_json(&partial)), ..Default::default() };
+                        // Read and written in place: both are single-row statements, and the budget
+                        // must be checked before the agent takes another step.
+                        if let Err(e) = store.record_run(id, token, facts) {
+                            tracing::debug!(task = %id, error = %e, "recording the spend failed");
+                        }
+                        match store.budget_of(id).map(|b| b.passed(cost, tokens)) {
+                            Ok(Some(mut stop)) => {
+                                if let Some(first) = &earlier_budget
+                                    && first.limit == stop.limit
+                                    && first.scope == stop.scope
+                                {
+                                    stop.original = first.original;
+                                }
+                                crate::serve::Control::Stop(Box::new(queue::Ask::budget(stop)))
+                            }
+                            Ok(None) => crate::serve::Control::Go,
+                            Err(e) => {
+                                tracing::warn!(task = %id, error = %e, "reading the budget failed");
+                                crate::serve::Control::Go
+                            }
+                        }
+                    };
+                    match server.run(turn, log, stop.clone(), deadline, &mut on_step).await {
+                        Ok(exit) => break exit,
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                            let error = format!(
+                                "could not start '{}': not found. Install OpenCode with `npm install \
+                             -g opencode-ai` or set TASKBRIDGE_OPENCODE to its path",
+                                self.cfg.opencode.display()
+                            );
+                            return Ok(Some(Outcome::FailedPermanently { error, result: None }));
+                        }
+                        Err(e) => {
+                            return Ok(Some(Outcome::Failed {
+                                error: format!("the OpenCode server failed: {e}"),
+                                result: None,
+                                backoff_s: self.backoff(task.attempts),
+                            }));
+                        }
+                    }
+                }
+                tries += 1;
+                let cmd = AgentCommand {
+                    program: self.cfg.opencode.clone(),
+                    args: args.clone(),
+                    env: env.clone(),
+                    cwd: dir.clone(),
+                    stdin: prompt.clone(),
+                };
+                log.line(&format!("$ {} {}", self.cfg.opencode.display(), shell_words(&args)));
+                let store = self.store.clone();
+                let on_spawn = move |pid: i64, started: Option<String>| {
+                    let facts = RunFacts {
+                        agent_pid: Some(pid),
+                        agent_started: started,
+                        ..Default::default()
+                    };
+                    if let Err(e) = store.record_run(id, token, facts) {
+                        tracing::warn!(task = %id, error = %e, "recording the agent pid failed");
+                    }
+                };
+                let exit = match process::run_agent(cmd, log, stop.clone(), deadline, on_spawn)
+                    .await
+                {
+                    Ok(exit) => exit,
                     Err(e) => {
-                        return Ok(Some(Outcome::Failed {
-                            error: format!("the OpenCode server failed: {e}"),
-                            result: None,
-                            backoff_s: self.backoff(task.attempts),
+                        let error = if e.kind() == std::io::ErrorKind::NotFound {
+                            format!(
+                                "could not start '{}': not found. Install OpenCode with `npm install -g \
+                             opencode-ai` or set TASKBRIDGE_OPENCODE to its path",
+                                self.cfg.opencode.display()
+                            )
+                        } else {
+                            format!("could not start '{}': {e}", self.cfg.opencode.display())
+                        };
+                        return Ok(Some(Outcome::FailedPermanently { error, result: None }));
+                    }
+                };
+                // Several first runs under a fresh OpenCode home race on its database migration (one
+                // of them exits with "Failed query" before any event); such a run did no work and is
+                // simply run again.
+                let migration_race = exit.stopped.is_none()
+                    && exit.exit_code != Some(0)
+                    && exit.run.events == 0
+                    && exit.stderr_tail.contains("Failed query");
+                if migration_race && tries < 4 {
+                    log.line("OpenCode failed while setting up its database; running it again");
+                    tokio::time::sleep(Duration::from_millis(300 * tries)).await;
+                    continue;
+                }
+                break exit;
+            };
+
+            let prev_usage = previous_usage(task);
+            let final_text = exit.run.final_text();
+            let reported = result::reported(&final_text);
+            let mut res = TaskResult {
+                summary: result::summary(&final_text, &reported),
+                tests_run: result::tests_run(&exit.run, &reported),
+                open_questions: reported.open_questions.clone(),
+                usage: {
+                    let mut u: Usage = prev_usage;
+                    u.add(&carried);
+                    u.add(&exit.run.usage);
+                    u
+                },
+                branch: Some(branch.clone()),
+                permissions: result::permissions(task.readonly, task.no_shell, task.no_network),
+                session_id: exit.run.session_id.clone().or_else(|| task.session_id.clone()),
+                exit_code: exit.exit_code,
+                tool_calls: exit.run.tool_calls.len(),
+                started_from: Some(start.clone()),
+                stacked_on: task
+                    .stacked_on
+                    .iter()
+                    .map(|t| t.0)
+                    .chain(deps.iter().filter(|d| d.commit.is_some()).map(|d| d.id.0))
+                    .collect(),
+                ..Default::default()
+            };
+            if let Some(session) = &exit.run.session_id {
+                let facts = RunFacts { session_id: Some(session.clone()), ..Default::default() };
+                let _ = self.blocking(move |s| s.record_run(id, token, facts)).await;
+            }
+            res.permission_requests = self.permission_requests(id).await;
+            res.permissions.extend(ask_permissions(task, serving));
+
+            let failure = match exit.stopped {
+                Some(StopReason::LostLease) => return Ok(None),
+                Some(StopReason::Shutdown) => return Ok(Some(Outcome::Released)),
+                Some(StopReason::Cancel) => {
+                    self.fill_diff(task, &dir, &mut res, false).await;
+                    return Ok(Some(Outcome::Cancelled { result: Some(to_json(&res)) }));
+                }
+                Some(StopReason::Timeout) => Some(Diagnosis {
+                    message: format!("timed out after {} s", task.timeout_s),
+                    retryable: true,
+                }),
+                None => match (&exit.run.error_detail, exit.exit_code) {
+                    (Some(e), _) => {
+                        let used = ModelUsed {
+                            requested: model.clone(),
+                            seen: exit.run.model_seen.clone(),
+                        };
+                        Some(self.diagnose_agent_error(e, &used).await)
+                    }
+                    (None, Some(0)) => None,
+                    (None, code) => Some(diagnose::exit_failure(code, &exit.stderr_tail)),
+                },
+            };
+            let failure = failure.or_else(|| {
+                rejected.map(|what| Diagnosis {
+                    message: format!("stopped: the answer rejected {what}"),
+                    retryable: false,
+                })
+            });
+            if let Some(d) = failure {
+                self.fill_diff(task, &dir, &mut res, false).await;
+                if !d.retryable {
+                    return Ok(Some(Outcome::FailedPermanently {
+                        error: d.message,
+                        result: Some(to_json(&res)),
+                    }));
+                }
+                return Ok(Some(Outcome::Failed {
+                    error: d.message,
+                    result: Some(to_json(&res)),
+                    backoff_s: self.backoff(task.attempts),
+                }));
+            }
+            if let Some(question) = result::question(&final_text) {
+                let Some(session_id) = res.session_id.clone() else {
+                    let error =
+                        "the agent asked a question but OpenCode reported no session to resume"
+                            .into();
+                    return Ok(Some(Outcome::Failed {
+                        error,
+                        result: Some(to_json(&res)),
+                        backoff_s: 0.0,
+                    }));
+                };
+                return Ok(Some(Outcome::Waiting {
+                    question,
+                    session_id,
+                    result: Some(to_json(&res)),
+                    ask: None,
+                }));
+            }
+            if let Some(ask) = exit.waiting {
+                let session_id = res.session_id.clone().unwrap_or_default();
+                return Ok(Some(Outcome::Waiting {
+                    question: ask.text(),
+                    session_id,
+                    result: Some(to_json(&res)),
+                    ask: Some(Box::new(ask)),
+                }));
+            }
+            if !verify.commands.is_empty() {
+                verify_round += 1;
+                let (checks, failed) = run_checks(&dir, &verify, verify_round, log).await;
+                verification.extend(checks);
+                res.verification = verification.clone();
+                match failed {
+                    None => res.verified = Some(true),
+                    Some(f) if verify_round <= verify.rounds => {
+                        log.line(&format!(
+                        "verification failed (round {verify_round} of {}): sending `{}`'s output back to the agent",
+                        verify.rounds, f.command
+                    ));
+                        prompt = format!(
+                            "verification failed: `{}` exited {} in your worktree. Its output \
+                         ends:\n\n{}\n\nFix it, then end as before with a taskbridge-result \
+                         block.",
+                            f.command,
+                            f.exit_code
+                                .map_or("without a status (timed out)".into(), |c| c.to_string()),
+                            f.output_tail
+                        );
+                        follow_session = res.session_id.clone();
+                        if !serving
+                            && let Some(s) = &follow_session
+                            && !args.iter().any(|a| a == "--session")
+                        {
+                            args.extend(["--session".into(), s.clone()]);
+                        }
+                        resume = None;
+                        rejected = None;
+                        carried.add(&exit.run.usage);
+                        continue 'agent;
+                    }
+                    Some(f) => {
+                        res.verified = Some(false);
+                        self.fill_diff(task, &dir, &mut res, false).await;
+                        let error = format!(
+                            "verification failed after {} rounds: `{}` exited {}; its output ends:\n{}",
+                            verify_round,
+                            f.command,
+                            f.exit_code
+                                .map_or("without a status (timed out)".into(), |c| c.to_string()),
+                            f.output_tail
+                        );
+                        return Ok(Some(Outcome::FailedPermanently {
+                            error,
+                            result: Some(to_json(&res)),
                         }));
                     }
                 }
             }
-            tries += 1;
-            let cmd = AgentCommand {
-                program: self.cfg.opencode.clone(),
-                args: args.clone(),
-                env: env.clone(),
-                cwd: dir.clone(),
-                stdin: prompt.clone(),
-            };
-            log.line(&format!("$ {} {}", self.cfg.opencode.display(), shell_words(&args)));
-            let store = self.store.clone();
-            let on_spawn = move |pid: i64, started: Option<String>| {
-                let facts =
-                    RunFacts { agent_pid: Some(pid), agent_started: started, ..Default::default() };
-                if let Err(e) = store.record_run(id, token, facts) {
-                    tracing::warn!(task = %id, error = %e, "recording the agent pid failed");
-                }
-            };
-            let exit = match process::run_agent(cmd, log, stop.clone(), deadline, on_spawn).await {
-                Ok(exit) => exit,
-                Err(e) => {
-                    let error = if e.kind() == std::io::ErrorKind::NotFound {
-                        format!(
-                            "could not start '{}': not found. Install OpenCode with `npm install -g \
-                             opencode-ai` or set TASKBRIDGE_OPENCODE to its path",
-                            self.cfg.opencode.display()
-                        )
-                    } else {
-                        format!("could not start '{}': {e}", self.cfg.opencode.display())
-                    };
-                    return Ok(Some(Outcome::FailedPermanently { error, result: None }));
-                }
-            };
-            // Several first runs under a fresh OpenCode home race on its database migration (one
-            // of them exits with "Failed query" before any event); such a run did no work and is
-            // simply run again.
-            let migration_race = exit.stopped.is_none()
-                && exit.exit_code != Some(0)
-                && exit.run.events == 0
-                && exit.stderr_tail.contains("Failed query");
-            if migration_race && tries < 4 {
-                log.line("OpenCode failed while setting up its database; running it again");
-                tokio::time::sleep(Duration::from_millis(300 * tries)).await;
-                continue;
-            }
-            break exit;
+            break 'agent res;
         };
-
-        let prev_usage = previous_usage(task);
-        let final_text = exit.run.final_text();
-        let reported = result::reported(&final_text);
-        let mut res = TaskResult {
-            summary: result::summary(&final_text, &reported),
-            tests_run: result::tests_run(&exit.run, &reported),
-            open_questions: reported.open_questions.clone(),
-            usage: {
-                let mut u: Usage = prev_usage;
-                u.add(&exit.run.usage);
-                u
-            },
-            branch: Some(branch.clone()),
-            permissions: result::permissions(task.readonly, task.no_shell, task.no_network),
-            session_id: exit.run.session_id.clone().or_else(|| task.session_id.clone()),
-            exit_code: exit.exit_code,
-            tool_calls: exit.run.tool_calls.len(),
-            ..Default::default()
-        };
-        if let Some(session) = &exit.run.session_id {
-            let facts = RunFacts { session_id: Some(session.clone()), ..Default::default() };
-            let _ = self.blocking(move |s| s.record_run(id, token, facts)).await;
-        }
-        res.permission_requests = self.permission_requests(id).await;
-        res.permissions.extend(ask_permissions(task, serving));
-
-        let failure = match exit.stopped {
-            Some(StopReason::LostLease) => return Ok(None),
-            Some(StopReason::Shutdown) => return Ok(Some(Outcome::Released)),
-            Some(StopReason::Cancel) => {
-                self.fill_diff(task, &dir, &mut res, false).await;
-                return Ok(Some(Outcome::Cancelled { result: Some(to_json(&res)) }));
-            }
-            Some(StopReason::Timeout) => Some(Diagnosis {
-                message: format!("timed out after {} s", task.timeout_s),
-                retryable: true,
-            }),
-            None => match (&exit.run.error_detail, exit.exit_code) {
-                (Some(e), _) => {
-                    let used =
-                        ModelUsed { requested: model.clone(), seen: exit.run.model_seen.clone() };
-                    Some(self.diagnose_agent_error(e, &used).await)
-                }
-                (None, Some(0)) => None,
-                (None, code) => Some(diagnose::exit_failure(code, &exit.stderr_tail)),
-            },
-        };
-        let failure = failure.or_else(|| {
-            rejected.map(|what| Diagnosis {
-                message: format!("stopped: the answer rejected {what}"),
-                retryable: false,
-            })
-        });
-        if let Some(d) = failure {
-            self.fill_diff(task, &dir, &mut res, false).await;
-            if !d.retryable {
-                return Ok(Some(Outcome::FailedPermanently {
-                    error: d.message,
-                    result: Some(to_json(&res)),
-                }));
-            }
-            return Ok(Some(Outcome::Failed {
-                error: d.message,
-                result: Some(to_json(&res)),
-                backoff_s: self.backoff(task.attempts),
-            }));
-        }
-        if let Some(question) = result::question(&final_text) {
-            let Some(session_id) = res.session_id.clone() else {
-                let error =
-                    "the agent asked a question but OpenCode reported no session to resume".into();
-                return Ok(Some(Outcome::Failed {
-                    error,
-                    result: Some(to_json(&res)),
-                    backoff_s: 0.0,
-                }));
-            };
-            return Ok(Some(Outcome::Waiting {
-                question,
-                session_id,
-                result: Some(to_json(&res)),
-                ask: None,
-            }));
-        }
-        if let Some(ask) = exit.waiting {
-            let session_id = res.session_id.clone().unwrap_or_default();
-            return Ok(Some(Outcome::Waiting {
-                question: ask.text(),
-                session_id,
-                result: Some(to_json(&res)),
-                ask: Some(Box::new(ask)),
-            }));
-        }
         if task.readonly {
             let d = dir.clone();
             res.reverted_files = tokio::task::spawn_blocking(move || git::revert_all(&d))
@@ -971,6 +1122,10 @@ impl Worker {
             }
         }
         self.fill_diff(task, &dir, &mut res, true).await;
+        if !task.readonly && res.files_touched.is_empty() && res.commit.is_none() {
+            // Done, since the agent says so; the summary the planner reads says this first.
+            res.no_changes = true;
+        }
         if !task.worktree_keep {
             let (repo, d) = (PathBuf::from(&task.repo), dir.clone());
             if self.server.is_some() && self.keep_spare(&task.repo, &dir).await {
@@ -986,6 +1141,77 @@ impl Worker {
             }
         }
         Ok(Some(Outcome::Done { result: to_json(&res) }))
+    }
+
+    /// The commit a task starts from, and what its dependencies did (for its prompt): on its
+    /// first run, its dependencies' commits put together (`Err` names the tasks and paths that
+    /// conflict); later, what the first run recorded.
+    async fn stack(
+        &self,
+        task: &Task,
+        first_run: bool,
+    ) -> Result<std::result::Result<(String, Vec<DepInfo>), String>> {
+        if !first_run || task.depends_on.is_empty() {
+            let start = task.started_from.clone().unwrap_or_else(|| task.base.clone());
+            return Ok(Ok((start, vec![])));
+        }
+        let ids = task.depends_on.clone();
+        let deps = self
+            .blocking(move |s| ids.iter().map(|id| s.get(*id)).collect::<queue::Result<Vec<_>>>())
+            .await?;
+        let infos: Vec<DepInfo> = deps
+            .iter()
+            .map(|d| {
+                let r = d
+                    .result
+                    .as_ref()
+                    .and_then(|r| serde_json::from_value::<TaskResult>(r.clone()).ok())
+                    .unwrap_or_default();
+                DepInfo {
+                    id: d.id,
+                    title: d.title.clone(),
+                    summary: r.summary.clone(),
+                    branch: d.branch.clone(),
+                    files: r.files_touched.iter().map(|f| f.path.clone()).collect(),
+                    commit: r.commit.clone(),
+                }
+            })
+            .collect();
+        // A dependency that changed nothing adds nothing.
+        let with_work: Vec<&DepInfo> = infos.iter().filter(|d| d.commit.is_some()).collect();
+        if with_work.is_empty() {
+            return Ok(Ok((task.base.clone(), infos)));
+        }
+        let commits: Vec<String> = with_work.iter().filter_map(|d| d.commit.clone()).collect();
+        let names: Vec<String> = with_work.iter().map(|d| format!("#{}", d.id.0)).collect();
+        let message = format!(
+            "taskbridge: task {} starts from the work of tasks {}",
+            task.id.0,
+            names.join(", ")
+        );
+        let repo = PathBuf::from(&task.repo);
+        let stacked =
+            tokio::task::spawn_blocking(move || git::stack_start(&repo, &commits, &message))
+                .await
+                .map_err(|e| Error::Join(e.to_string()))??;
+        match stacked {
+            Ok(start) => Ok(Ok((start.unwrap_or_else(|| task.base.clone()), infos))),
+            Err(c) => {
+                let name = |i: usize| {
+                    let d = with_work[i];
+                    format!("#{} ({})", d.id.0, d.title)
+                };
+                let merged: Vec<String> = c.merged.iter().map(|&i| name(i)).collect();
+                Ok(Err(format!(
+                    "the tasks this one depends on conflict: {} and {} change {} differently; \
+                     no agent ran. Resolve it on one of them (a follow-up task, or a commit on \
+                     its branch), then retry this task",
+                    merged.join(", "),
+                    name(c.with),
+                    c.paths.join(", ")
+                )))
+            }
+        }
     }
 
     /// A spare worktree of `repo`, if this worker keeps one.
@@ -1103,7 +1329,10 @@ impl Worker {
     /// Fills files_touched, diff and diffstat from git; with `commit`, first commits the work on
     /// the task branch. Errors are logged into the result's summary rather than losing it.
     async fn fill_diff(&self, task: &Task, dir: &Path, res: &mut TaskResult, commit: bool) {
-        let (d, base) = (dir.to_path_buf(), task.base.clone());
+        // Its own work only: against the commit it started from (its dependencies' work, when
+        // it was stacked on them).
+        let base = res.started_from.clone().unwrap_or_else(|| task.base.clone());
+        let d = dir.to_path_buf();
         let message = format!("taskbridge: task {}: {}\n\n{}", task.id.0, task.title, res.summary);
         let out = tokio::task::spawn_blocking(move || -> Result<_> {
             let sha = if commit { git::commit_all(&d, &message)? } else { None };
@@ -1174,6 +1403,121 @@ fn previous_usage(task: &Task) -> Usage {
         .and_then(|r| serde_json::from_value::<TaskResult>(r.clone()).ok())
         .map(|r| r.usage)
         .unwrap_or_default()
+}
+
+/// Runs the checks in order (stopping at the first failure), logging each. Returns what ran
+/// and the failure, if any.
+async fn run_checks(
+    dir: &Path,
+    cfg: &VerifyConfig,
+    round: u32,
+    log: &mut TaskLog,
+) -> (Vec<result::Check>, Option<result::Check>) {
+    let mut out = Vec::new();
+    for cmd in &cfg.commands {
+        log.line(&format!("verify: $ {cmd}"));
+        let started = std::time::Instant::now();
+        let child = tokio::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("{cmd} 2>&1"))
+            .current_dir(dir)
+            .env("PWD", dir)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .process_group(0)
+            .kill_on_drop(true)
+            .spawn();
+        let (exit_code, output) = match child {
+            Err(e) => (Some(127), format!("could not start: {e}")),
+            Ok(child) => {
+                let pid = child.id();
+                match tokio::time::timeout(
+                    Duration::from_secs(cfg.timeout_s),
+                    child.wait_with_output(),
+                )
+                .await
+                {
+                    Ok(Ok(o)) => (o.status.code(), String::from_utf8_lossy(&o.stdout).into_owned()),
+                    Ok(Err(e)) => (Some(127), format!("failed: {e}")),
+                    Err(_) => {
+                        if let Some(p) = pid {
+                            process::kill_group(p as i32);
+                        }
+                        (None, format!("stopped after {} s", cfg.timeout_s))
+                    }
+                }
+            }
+        };
+        let tail = tail_lines(&output, 40, 4000);
+        let check = result::Check {
+            command: cmd.clone(),
+            exit_code,
+            duration_s: started.elapsed().as_secs_f64(),
+            output_tail: tail,
+            round,
+        };
+        log.line(&format!(
+            "verify: `{cmd}` {} in {:.1} s",
+            exit_code.map_or("timed out".to_owned(), |c| format!("exited {c}")),
+            check.duration_s
+        ));
+        let failed = exit_code != Some(0);
+        out.push(check.clone());
+        if failed {
+            return (out, Some(check));
+        }
+    }
+    (out, None)
+}
+
+/// The last `lines` lines of `text`, at most `max` bytes.
+fn tail_lines(text: &str, lines: usize, max: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    let mut tail = all[all.len().saturating_sub(lines)..].join("\n");
+    if tail.len() > max {
+        let mut cut = tail.len() - max;
+        while !tail.is_char_boundary(cut) {
+            cut += 1;
+        }
+        tail = tail[cut..].to_owned();
+    }
+    tail
+}
+
+/// What a task builds on, for its prompt.
+struct DepInfo {
+    id: TaskId,
+    title: String,
+    summary: String,
+    branch: Option<String>,
+    files: Vec<String>,
+    commit: Option<String>,
+}
+
+/// The prompt's section on the work a task starts from.
+fn builds_on(deps: &[DepInfo]) -> String {
+    if deps.is_empty() {
+        return String::new();
+    }
+    let mut s = String::from(
+        "# What this task builds on\nYour worktree starts from the work of the tasks this one \
+         depends on:\n",
+    );
+    for d in deps {
+        let summary = if d.summary.trim().is_empty() { "(no summary)" } else { d.summary.trim() };
+        let files = if d.files.is_empty() { "none".to_owned() } else { d.files.join(", ") };
+        s.push_str(&format!(
+            "- Task {} \"{}\" (branch {}): {}\n  Files: {}\n",
+            d.id.0,
+            d.title,
+            d.branch.as_deref().unwrap_or("none"),
+            summary.replace('\n', " "),
+            files
+        ));
+    }
+    s.push('\n');
+    s
 }
 
 /// The task's earlier `always` answers, as grants for the rest of the task.

@@ -35,7 +35,12 @@ impl SubmitRequest {
                 spec.ask.push(rule);
             }
         }
-        Ok(TaskSpec { repo: resolved.toplevel.display().to_string(), base: resolved.base, ..spec })
+        Ok(TaskSpec {
+            repo: resolved.toplevel.display().to_string(),
+            base: resolved.base,
+            base_ref: resolved.branch,
+            ..spec
+        })
     }
 }
 
@@ -91,4 +96,61 @@ pub fn submit(
     let (task, created) =
         out.tasks.pop().ok_or_else(|| crate::Error::Config("nothing was submitted".into()))?;
     Ok((task, created, out.warnings))
+}
+
+/// `followup_task`: a new task that refines a done or failed task in its own agent session, on
+/// a new branch that starts from its commit (a failed task's worktree is committed to its branch
+/// first, so the follow-up starts from what it left and nothing is lost).
+pub fn followup(store: &Store, parent: queue::TaskId, prompt: &str) -> Result<Task> {
+    use queue::TaskStatus;
+    let p = store.get(parent)?;
+    if !matches!(p.status, TaskStatus::Done | TaskStatus::Failed) {
+        return Err(crate::Error::Repo(format!(
+            "task {} is {}; a follow-up needs a done or failed task (wait for it, answer it, or \
+             add a note instead)",
+            parent.0, p.display_status
+        )));
+    }
+    let Some(session) = p.session_id.clone() else {
+        return Err(crate::Error::Repo(format!(
+            "task {} never started an agent session, so there is nothing to follow up; retry it",
+            parent.0
+        )));
+    };
+    let res: crate::result::TaskResult =
+        p.result.as_ref().and_then(|r| serde_json::from_value(r.clone()).ok()).unwrap_or_default();
+    let left_in_worktree = match (&p.status, &p.worktree) {
+        (TaskStatus::Failed, Some(wt)) if Path::new(wt).exists() => {
+            let msg = format!("taskbridge: task {} (its work when it failed)", parent.0);
+            let wt = Path::new(wt);
+            match git::commit_all(wt, &msg)? {
+                Some(sha) => Some(sha),
+                None => git2::Repository::open(wt)
+                    .ok()
+                    .and_then(|r| r.head().ok()?.peel_to_commit().ok().map(|c| c.id().to_string())),
+            }
+        }
+        _ => None,
+    };
+    let base = left_in_worktree
+        .or(res.commit.clone())
+        .or(p.started_from.clone())
+        .unwrap_or_else(|| p.base.clone());
+    let mut spec = TaskSpec::new(prompt, p.repo.clone(), base);
+    let first = prompt.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or("");
+    let short: String = first.chars().take(60).collect();
+    spec.title = Some(format!("Follow-up to #{}: {short}", parent.0));
+    spec.parent = Some(parent);
+    spec.session_id = Some(session);
+    spec.model = p.model.clone();
+    spec.agent = p.agent.clone();
+    spec.readonly = p.readonly;
+    spec.no_network = p.no_network;
+    spec.no_shell = p.no_shell;
+    spec.ask = p.ask_rules.clone();
+    spec.base_ref = p.base_ref.clone();
+    spec.max_attempts = p.max_attempts;
+    spec.timeout_s = p.timeout_s;
+    spec.question_timeout_s = p.question_timeout_s;
+    Ok(store.submit(spec)?.0)
 }
