@@ -394,3 +394,39 @@ fn the_tui_answers_a_native_question_by_picking_an_option() {
     let sent = last["messages"].as_array().unwrap().last().unwrap().to_string();
     assert!(sent.contains("tool_result") && sent.contains("blue"), "{sent}");
 }
+
+/// A plan seen and brought home from the keyboard: `p` draws the stacked task under its
+/// dependency, `m` then `y` merges it into the checked-out main.
+#[test]
+fn the_plan_view_shows_a_stacked_task_and_m_merges_it() {
+    let env = Env::new();
+    let done = |s: &str| {
+        Turn::text(format!(
+            "Done.\n```taskbridge-result\n{{\"summary\": \"{s}\", \"tests_run\": []}}\n```"
+        ))
+    };
+    let mock = MockAnthropic::spawn(vec![
+        Turn::bash("echo parser > parser.txt"),
+        done("Parser."),
+        Turn::bash("echo tests > tests.txt"),
+        done("Tests."),
+    ]);
+    let env = env.with_mock(&mock);
+    let a = env.submit(&["Add a parser", "--title", "parser step"]);
+    let b = env.submit(&["Test it", "--title", "tests step", "--after", &a.to_string()]);
+    let _worker = env.start_worker(1);
+    env.wait_status(b, "done", Duration::from_secs(120));
+
+    let tmux = start_tui(&env, "--no-http --no-worker", 120);
+    tmux.wait_for("tests step");
+    // The newest task is selected first: task 2.
+    tmux.keys(&["p"]);
+    let screen = tmux.wait_for("then #2");
+    assert!(screen.contains("#1 done") && screen.contains("parser step"), "{screen}");
+    tmux.keys(&["m"]);
+    tmux.wait_for(&format!("Merge task {b}"));
+    tmux.keys(&["y"]);
+    tmux.wait_for("merged into main");
+    assert_eq!(std::fs::read_to_string(env.repo.join("tests.txt")).unwrap(), "tests\n");
+    assert_eq!(env.show(a)["merged_into"], "main", "the dependency came with it");
+}
