@@ -240,6 +240,11 @@ pub enum Event {
         workers_alive: usize,
     },
     DetailLoaded(Box<Task>),
+    /// Other unmerged tasks that changed the same paths as this one, one line each.
+    OverlapsLoaded {
+        id: i64,
+        overlaps: Vec<String>,
+    },
     LogLoaded {
         id: i64,
         text: String,
@@ -304,6 +309,8 @@ pub struct Model {
     pub question_sel: usize,
     /// The plan pane: the task it was drawn for and its lines.
     pub plan: (Option<i64>, Vec<String>),
+    /// The detail's overlaps: the task they are for, and one line per other task.
+    pub overlaps: (Option<i64>, Vec<String>),
     pub popup: Option<Popup>,
     pub header: Header,
     pub message: Option<String>,
@@ -358,6 +365,7 @@ impl Model {
             diff: DiffView::default(),
             question_sel: 0,
             plan: (None, Vec::new()),
+            overlaps: (None, Vec::new()),
             popup: None,
             header: Header::default(),
             message: None,
@@ -457,6 +465,10 @@ impl Model {
                 {
                     self.detail = Some(*t);
                 }
+                vec![]
+            }
+            Event::OverlapsLoaded { id, overlaps } => {
+                self.overlaps = (Some(id), overlaps);
                 vec![]
             }
             Event::LogLoaded { id, text, next_offset, from_tail } => {

@@ -206,7 +206,24 @@ impl Effects {
             Effect::LoadDetail(id) => {
                 tokio::task::spawn_blocking(move || {
                     if let Ok(t) = store.get(TaskId(id)) {
+                        let overlaps = worker::merge::overlaps(&store, &t)
+                            .unwrap_or_default()
+                            .iter()
+                            .map(|o| {
+                                let paths: Vec<&str> = o["paths"]
+                                    .as_array()
+                                    .map(|a| a.iter().filter_map(|p| p.as_str()).collect())
+                                    .unwrap_or_default();
+                                format!(
+                                    "#{} ({}) also changes {}",
+                                    o["task_id"],
+                                    o["status"].as_str().unwrap_or(""),
+                                    paths.join(", ")
+                                )
+                            })
+                            .collect();
                         send(Event::DetailLoaded(Box::new(t)));
+                        send(Event::OverlapsLoaded { id, overlaps });
                     }
                 });
             }

@@ -382,6 +382,12 @@ fn draw_detail(m: &Model, f: &mut Frame, area: Rect) {
     if let Some(into) = &t.merged_into {
         lines.push(Line::styled(format!("merged into {into}"), Style::new().fg(Color::Green)));
     }
+    if m.overlaps.0 == Some(t.id.0) && !m.overlaps.1.is_empty() {
+        section(&mut lines, "Overlaps (other unmerged work on the same paths)");
+        for o in &m.overlaps.1 {
+            lines.push(Line::styled(o.clone(), Style::new().fg(Color::Yellow)));
+        }
+    }
     if let Some(model) = &t.model {
         lines.push(Line::from(format!("model {model}")));
     }

@@ -584,3 +584,22 @@ fn p_shows_the_plan_of_the_selected_task_drawn_from_the_queue() {
         "{screen}"
     );
 }
+
+#[test]
+fn the_detail_warns_of_other_unmerged_work_on_the_same_paths() {
+    let mut m = busy();
+    ch(&mut m, 'j');
+    m.handle(Event::DetailLoaded(Box::new(queue_task(4))));
+    m.handle(Event::OverlapsLoaded {
+        id: 4,
+        overlaps: vec!["#2 (done) also changes README.md".into()],
+    });
+    let text = screen_text(&m, 120, 40);
+    assert!(
+        text.contains("Overlaps") && text.contains("#2 (done) also changes README.md"),
+        "{text}"
+    );
+    // Another task's overlaps are not shown on this one.
+    m.handle(Event::OverlapsLoaded { id: 1, overlaps: vec!["#9 (done) also changes x".into()] });
+    assert!(!screen_text(&m, 120, 40).contains("#9"));
+}
