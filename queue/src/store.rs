@@ -1154,14 +1154,7 @@ impl Store {
             return Ok(());
         }
         self.write(|tx, _now| {
-            let n: i64 = tx.query_row(
-                "SELECT count(*) FROM tasks WHERE id = ?1 AND lease_token = ?2 AND status = 'running'",
-                params![id.0, token],
-                |r| r.get(0),
-            )?;
-            if n == 0 {
-                return Err(Error::StaleLease { id, token });
-            }
+            holds_lease(tx, id, token)?;
             for note in notes {
                 tx.execute(
                     "UPDATE task_notes SET delivered = 0 WHERE task_id = ?1 AND note = ?2",
@@ -1186,14 +1179,7 @@ impl Store {
         let json =
             serde_json::to_string(ask).map_err(|source| Error::Json { column: "ask", source })?;
         self.write(|tx, now| {
-            let n: i64 = tx.query_row(
-                "SELECT count(*) FROM tasks WHERE id = ?1 AND lease_token = ?2 AND status = 'running'",
-                params![id.0, token],
-                |r| r.get(0),
-            )?;
-            if n == 0 {
-                return Err(Error::StaleLease { id, token });
-            }
+            holds_lease(tx, id, token)?;
             tx.execute(
                 "INSERT INTO task_questions (task_id, question, asked_at, ask, answer, answered_at,
                     answered_by) VALUES (?1, ?2, ?3, ?4, ?5, ?3, ?6)",
@@ -1474,6 +1460,16 @@ fn status_of(conn: &Connection, id: TaskId) -> Result<TaskStatus> {
         .optional()?;
     let s = s.ok_or(Error::NotFound(id))?;
     Ok(status_from_sql(&s)?)
+}
+
+/// [`Error::StaleLease`] unless `token` is the running task's current lease.
+fn holds_lease(tx: &Transaction<'_>, id: TaskId, token: i64) -> Result<()> {
+    let n: i64 = tx.query_row(
+        "SELECT count(*) FROM tasks WHERE id = ?1 AND lease_token = ?2 AND status = 'running'",
+        params![id.0, token],
+        |r| r.get(0),
+    )?;
+    if n == 0 { Err(Error::StaleLease { id, token }) } else { Ok(()) }
 }
 
 /// Moves a task to a terminal state and fails every queued or waiting task that depends on it,

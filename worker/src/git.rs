@@ -436,13 +436,7 @@ pub fn prepare_worktree(
         ))
     })?;
     let _lock = RepoLock::acquire(&repo)?;
-    let base_commit = Oid::from_str(base).and_then(|oid| repo.find_commit(oid)).map_err(|_| {
-        permanent(format!(
-            "the task's base commit {base} is not in '{}' (history rewritten?); submit the task \
-             again from a commit that exists",
-            repo_path.display()
-        ))
-    })?;
+    let base_commit = base_commit(&repo, repo_path, base)?;
     let mut repairs = Vec::new();
 
     if let Some(wt) = finished_worktree(dir) {
@@ -548,6 +542,21 @@ pub fn prepare_worktree(
     Ok(Prepared { branch, created: true, repairs })
 }
 
+/// The task's base commit, or a permanent error saying it is gone.
+fn base_commit<'r>(
+    repo: &'r Repository,
+    repo_path: &Path,
+    base: &str,
+) -> std::result::Result<git2::Commit<'r>, PrepareError> {
+    Oid::from_str(base).and_then(|oid| repo.find_commit(oid)).map_err(|_| {
+        permanent(format!(
+            "the task's base commit {base} is not in '{}' (history rewritten?); submit the task \
+             again from a commit that exists",
+            repo_path.display()
+        ))
+    })
+}
+
 /// Keeps a done task's worktree as a spare for the next task of the same repository: HEAD is
 /// detached at the task's commit, so its branch is free for anything else (a merge, a
 /// follow-up) while the directory waits.
@@ -570,13 +579,7 @@ pub fn reuse_worktree(
 ) -> std::result::Result<Prepared, PrepareError> {
     let repo = Repository::open(repo_path).map_err(transient)?;
     let _lock = RepoLock::acquire(&repo)?;
-    let base_commit = Oid::from_str(base).and_then(|oid| repo.find_commit(oid)).map_err(|_| {
-        permanent(format!(
-            "the task's base commit {base} is not in '{}' (history rewritten?); submit the task \
-             again from a commit that exists",
-            repo_path.display()
-        ))
-    })?;
+    let base_commit = base_commit(&repo, repo_path, base)?;
     let branch = free_branch(&repo, task_id, &base_commit)?;
     if repo.find_branch(&branch, BranchType::Local).is_err() {
         repo.branch(&branch, &base_commit, false).map_err(transient)?;
