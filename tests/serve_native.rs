@@ -451,3 +451,36 @@ fn a_batch_budget_is_shared_by_its_tasks() {
     let t = env.wait_status(ids[1], "failed", RUN);
     assert!(t["error"].as_str().unwrap().contains("batch budget"), "{t:#}");
 }
+
+/// A worker killed while a task runs in a directory it reused: the next worker cleans up the
+/// dead one's spares but never that directory, and the task goes on in it.
+#[test]
+fn kill_9_while_a_task_runs_in_a_reused_directory_keeps_that_directory() {
+    let env = Env::new();
+    let mock = MockAnthropic::spawn(vec![
+        Turn::text(result_block("First.")),
+        Turn::bash("echo work > work.txt; ps -o pgid= $$ | tr -d ' ' > pgid.txt; sleep 300"),
+        Turn::text(result_block("Second, after the crash.")),
+    ]);
+    let env = env.with_mock(&mock);
+    let mut worker = serve_worker(&env);
+    let first = env.submit(&["First"]);
+    let t1 = env.wait_status(first, "done", RUN);
+    let second = env.submit(&["Second"]);
+    let dir = std::path::PathBuf::from(
+        env.wait_task(second, RUN, |t| t["worktree"].is_string())["worktree"].as_str().unwrap(),
+    );
+    assert_eq!(
+        dir.to_str(),
+        t1["worktree"].as_str(),
+        "the second task reused the first's directory"
+    );
+    read_pgid(&dir.join("pgid.txt"));
+    worker.0.kill().unwrap(); // SIGKILL
+    worker.0.wait().unwrap();
+
+    let _worker = serve_worker(&env);
+    let t = env.wait_status(second, "done", RUN);
+    assert_eq!(t["result"]["summary"], "Second, after the crash.");
+    assert_eq!(git_out(&env.repo, &["show", "taskbridge/task-2:work.txt"]), "work");
+}

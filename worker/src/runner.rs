@@ -1216,9 +1216,15 @@ impl Worker {
 
     /// A spare worktree of `repo`, if this worker keeps one.
     fn take_spare(&self, repo: &str) -> Option<PathBuf> {
-        let mut spares = self.spares.lock().ok()?;
-        let i = spares.iter().position(|s| s.repo == repo)?;
-        Some(spares.remove(i).dir)
+        let dir = {
+            let mut spares = self.spares.lock().ok()?;
+            let i = spares.iter().position(|s| s.repo == repo)?;
+            spares.remove(i).dir
+        };
+        // At once: were this worker killed now, the next one must not remove a directory a
+        // task is using.
+        self.save_spares();
+        Some(dir)
     }
 
     /// Keeps a done task's worktree as a spare (at most one per slot and repository); false

@@ -797,6 +797,14 @@ fn remove_spares(list: &Path) {
         .unwrap_or_default();
     for s in spares {
         if let (Some(repo), Some(dir)) = (s["repo"].as_str(), s["dir"].as_str()) {
+            // A spare is detached; one on a branch was taken by a task since.
+            let on_branch = git2::Repository::open(dir)
+                .ok()
+                .and_then(|r| r.head().ok().map(|h| h.is_branch()))
+                .unwrap_or(false);
+            if on_branch {
+                continue;
+            }
             match crate::git::remove_worktree(Path::new(repo), Path::new(dir)) {
                 Ok(()) => tracing::info!(dir, "removed a dead worker's spare worktree"),
                 Err(e) => tracing::warn!(dir, error = %e, "removing a dead worker's spare failed"),
