@@ -858,12 +858,16 @@ impl Store {
                     )?;
                 }
                 Outcome::Failed { error, result, backoff_s } if attempts < max_attempts => {
+                    // A run that was delivering an answer keeps it, so the next attempt still
+                    // delivers it; that attempt is counted here, since a resuming claim does
+                    // not count one.
                     tx.execute(
-                        &format!(
-                            "UPDATE tasks SET status = 'queued', result = ?1, error = ?2,
-                               worker = NULL, not_before = ?3 + ?4, updated_at = ?3, {END_RUN}
-                             WHERE id = ?5"
-                        ),
+                        "UPDATE tasks SET status = 'queued', result = ?1, error = ?2,
+                           worker = NULL, not_before = ?3 + ?4, updated_at = ?3,
+                           attempts = attempts + (pending_answer IS NOT NULL),
+                           lease_until = NULL, cancel_requested = 0, agent_pid = NULL,
+                           agent_started = NULL, parked_worker = NULL
+                         WHERE id = ?5",
                         params![json(&result), error, now, backoff_s.max(0.0), id.0],
                     )?;
                 }

@@ -893,3 +893,29 @@ fn a_batch_budget_counts_what_the_batchs_other_tasks_spent() {
     let err = store.submit(bad).unwrap_err().to_string();
     assert!(err.contains("'shell:rm*' names no permission") && err.contains("bash"), "{err}");
 }
+
+#[test]
+fn an_answer_survives_a_resume_that_fails_and_its_attempt_still_counts() {
+    let (_d, store) = open();
+    let mut s = spec("a");
+    s.max_attempts = 2;
+    let id = store.submit(s).unwrap().0.id;
+    let c = claim(&store).unwrap();
+    let waiting = Outcome::Waiting {
+        question: "Which?".into(),
+        session_id: "ses_1".into(),
+        result: None,
+        ask: None,
+    };
+    store.finish(id, c.token, waiting).unwrap();
+    store.answer(id, "this one", "cli").unwrap();
+    let c = claim(&store).unwrap();
+    assert_eq!(c.task.attempts, 1, "a resume does not count an attempt when it is claimed");
+    let failed = Outcome::Failed { error: "rate limited".into(), result: None, backoff_s: 0.0 };
+    let t = store.finish(id, c.token, failed).unwrap();
+    assert_eq!((t.status, t.attempts), (TaskStatus::Queued, 2), "the failed resume counted");
+    let c = claim(&store).unwrap();
+    assert_eq!(c.resume.unwrap().answer, "this one", "the answer is delivered again");
+    let failed = Outcome::Failed { error: "rate limited".into(), result: None, backoff_s: 0.0 };
+    assert_eq!(store.finish(id, c.token, failed).unwrap().status, TaskStatus::Failed, "bounded");
+}
