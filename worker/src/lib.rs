@@ -10,6 +10,7 @@
 //! of it and meet it only through the queue database.
 
 pub mod clear;
+pub mod decisions;
 pub mod diagnose;
 pub mod error;
 pub mod events;
@@ -24,6 +25,7 @@ pub mod runner;
 pub mod serve;
 pub mod service;
 pub mod submit;
+pub mod verify;
 
 pub use error::{Error, Result};
 pub use result::TaskResult;

@@ -115,40 +115,7 @@ pub struct RepoConfig {
     #[serde(default)]
     pub permissions: PermissionsConfig,
     #[serde(default)]
-    pub verify: VerifyConfig,
-}
-
-/// `[verify]`: checks TaskBridge runs itself after the agent says it is done.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct VerifyConfig {
-    /// Shell commands, run in the worktree in order; the first that fails is sent back.
-    #[serde(default)]
-    pub commands: Vec<String>,
-    /// How many times a failure goes back to the agent before the task fails.
-    #[serde(default = "default_rounds")]
-    pub rounds: u32,
-    /// Each command's time limit.
-    #[serde(default = "default_check_timeout")]
-    pub timeout_s: u64,
-}
-
-fn default_rounds() -> u32 {
-    2
-}
-
-fn default_check_timeout() -> u64 {
-    600
-}
-
-impl Default for VerifyConfig {
-    fn default() -> Self {
-        VerifyConfig {
-            commands: vec![],
-            rounds: default_rounds(),
-            timeout_s: default_check_timeout(),
-        }
-    }
+    pub verify: crate::verify::VerifyConfig,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -716,7 +683,9 @@ impl Worker {
             Some(r) => {
                 args.extend(["--session".into(), r.session_id.clone()]);
                 match &r.ask {
-                    Some(ask) => format!("{}{notes}", answer_prompt(ask, &r.answer)),
+                    Some(ask) => {
+                        format!("{}{notes}", crate::decisions::answer_prompt(ask, &r.answer))
+                    }
                     None => format!("{RESUME}{}{notes}", r.answer),
                 }
             }
@@ -765,7 +734,7 @@ impl Worker {
             let mut tries = 0;
             let exit = loop {
                 if let Some(server) = &self.server {
-                    let mut grants = always_grants(task);
+                    let mut grants = crate::decisions::always_grants(task);
                     let delivery = match &resume {
                         Some(r) => match &r.ask {
                             Some(ask)
@@ -785,7 +754,7 @@ impl Worker {
                                         tracing::warn!(task = %id, error = %e, "keeping notes for later failed");
                                     }
                                 }
-                                native_reply(ask, &r.answer, &new_notes)
+                                crate::decisions::native_reply(ask, &r.answer, &new_notes)
                             }
                             Some(ask) => {
                                 // The blocked request is gone: an approval must still hold when
@@ -987,7 +956,7 @@ impl Worker {
                 let _ = self.blocking(move |s| s.record_run(id, token, facts)).await;
             }
             res.permission_requests = self.permission_requests(id).await;
-            res.permissions.extend(ask_permissions(task, serving));
+            res.permissions.extend(crate::decisions::ask_permissions(task, serving));
 
             let failure = match exit.stopped {
                 Some(StopReason::LostLease) => return Ok(None),
@@ -1061,7 +1030,8 @@ impl Worker {
             }
             if !verify.commands.is_empty() {
                 verify_round += 1;
-                let (checks, failed) = run_checks(&dir, &verify, verify_round, log).await;
+                let (checks, failed) =
+                    crate::verify::run_checks(&dir, &verify, verify_round, log).await;
                 verification.extend(checks);
                 res.verification = verification.clone();
                 match failed {
@@ -1411,86 +1381,6 @@ fn previous_usage(task: &Task) -> Usage {
         .unwrap_or_default()
 }
 
-/// Runs the checks in order (stopping at the first failure), logging each. Returns what ran
-/// and the failure, if any.
-async fn run_checks(
-    dir: &Path,
-    cfg: &VerifyConfig,
-    round: u32,
-    log: &mut TaskLog,
-) -> (Vec<result::Check>, Option<result::Check>) {
-    let mut out = Vec::new();
-    for cmd in &cfg.commands {
-        log.line(&format!("verify: $ {cmd}"));
-        let started = std::time::Instant::now();
-        let child = tokio::process::Command::new("sh")
-            .arg("-c")
-            .arg(format!("{cmd} 2>&1"))
-            .current_dir(dir)
-            .env("PWD", dir)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
-            .process_group(0)
-            .kill_on_drop(true)
-            .spawn();
-        let (exit_code, output) = match child {
-            Err(e) => (Some(127), format!("could not start: {e}")),
-            Ok(child) => {
-                let pid = child.id();
-                match tokio::time::timeout(
-                    Duration::from_secs(cfg.timeout_s),
-                    child.wait_with_output(),
-                )
-                .await
-                {
-                    Ok(Ok(o)) => (o.status.code(), String::from_utf8_lossy(&o.stdout).into_owned()),
-                    Ok(Err(e)) => (Some(127), format!("failed: {e}")),
-                    Err(_) => {
-                        if let Some(p) = pid {
-                            process::kill_group(p as i32);
-                        }
-                        (None, format!("stopped after {} s", cfg.timeout_s))
-                    }
-                }
-            }
-        };
-        let tail = tail_lines(&output, 40, 4000);
-        let check = result::Check {
-            command: cmd.clone(),
-            exit_code,
-            duration_s: started.elapsed().as_secs_f64(),
-            output_tail: tail,
-            round,
-        };
-        log.line(&format!(
-            "verify: `{cmd}` {} in {:.1} s",
-            exit_code.map_or("timed out".to_owned(), |c| format!("exited {c}")),
-            check.duration_s
-        ));
-        let failed = exit_code != Some(0);
-        out.push(check.clone());
-        if failed {
-            return (out, Some(check));
-        }
-    }
-    (out, None)
-}
-
-/// The last `lines` lines of `text`, at most `max` bytes.
-fn tail_lines(text: &str, lines: usize, max: usize) -> String {
-    let all: Vec<&str> = text.lines().collect();
-    let mut tail = all[all.len().saturating_sub(lines)..].join("\n");
-    if tail.len() > max {
-        let mut cut = tail.len() - max;
-        while !tail.is_char_boundary(cut) {
-            cut += 1;
-        }
-        tail = tail[cut..].to_owned();
-    }
-    tail
-}
-
 /// What a task builds on, for its prompt.
 struct DepInfo {
     id: TaskId,
@@ -1524,82 +1414,6 @@ fn builds_on(deps: &[DepInfo]) -> String {
     }
     s.push('\n');
     s
-}
-
-/// The task's earlier `always` answers, as grants for the rest of the task.
-fn always_grants(task: &Task) -> crate::serve::Grants {
-    let mut grants = crate::serve::Grants::default();
-    for q in &task.questions {
-        let (Some(ask), Some(answer)) = (&q.ask, &q.answer) else { continue };
-        let Some(p) = &ask.permission else { continue };
-        if ask.parse_answer(answer) == Ok(queue::Answer::PermissionAlways) {
-            let patterns = if p.always.is_empty() { &p.patterns } else { &p.always };
-            grants.always.extend(patterns.iter().map(|pat| (p.permission.clone(), pat.clone())));
-        }
-    }
-    grants
-}
-
-/// The reply to the request the agent is blocked on. Notes that came with the answer join a
-/// question's answer (the agent reads the tool's result); an `always` is a `once` to OpenCode,
-/// whose own `always` would outlive the task, and TaskBridge approves the rest itself.
-fn native_reply(ask: &queue::Ask, answer: &str, notes: &[String]) -> crate::serve::Delivery {
-    use queue::Answer;
-    let request = ask.request_id.clone().unwrap_or_default();
-    let (path, body) = match ask.parse_answer(answer) {
-        Ok(Answer::Question(mut answers)) => {
-            if let Some(last) = answers.last_mut() {
-                last.extend(notes.iter().map(|n| format!("Note from the planner: {n}")));
-            }
-            (format!("/question/{request}/reply"), serde_json::json!({"answers": answers}))
-        }
-        Ok(Answer::PermissionOnce | Answer::PermissionAlways) => {
-            (format!("/permission/{request}/reply"), serde_json::json!({"reply": "once"}))
-        }
-        Ok(Answer::PermissionReject { feedback }) => {
-            let mut body = serde_json::json!({"reply": "reject"});
-            if let Some(f) = feedback {
-                body["message"] = f.into();
-            }
-            (format!("/permission/{request}/reply"), body)
-        }
-        _ => return crate::serve::Delivery::Prompt(answer_prompt(ask, answer)),
-    };
-    crate::serve::Delivery::Reply { path, body }
-}
-
-/// An answer as a new prompt in the session: the blocked request is gone (the server restarted,
-/// another worker took the task) or the agent was stopped (a budget).
-fn answer_prompt(ask: &queue::Ask, answer: &str) -> String {
-    use queue::Answer;
-    let end = "End as before with a taskbridge-result block.";
-    let what = |p: &queue::PermissionAsk| {
-        format!("{}: {}", p.permission, p.target.clone().unwrap_or_else(|| p.patterns.join(", ")))
-    };
-    match (ask.parse_answer(answer), &ask.permission) {
-        (Ok(Answer::PermissionOnce), Some(p)) => {
-            format!("You asked for permission to {}. It is approved: go on with it. {end}", what(p))
-        }
-        (Ok(Answer::PermissionAlways), Some(p)) => format!(
-            "You asked for permission to {}. It is approved for the rest of this task: go on \
-             with it. {end}",
-            what(p)
-        ),
-        (Ok(Answer::PermissionReject { feedback }), Some(p)) => format!(
-            "You asked for permission to {}. It was rejected: {}. Carry on without it. {end}",
-            what(p),
-            feedback.unwrap_or_else(|| "no reason given".into())
-        ),
-        (Ok(Answer::BudgetContinue(_)), _) => format!(
-            "You were paused because the task reached its budget; the planner raised the limit. \
-             Continue the task where you stopped. {end}"
-        ),
-        _ => format!(
-            "You asked:\n{}\n\nThe answer is: {}\n\nContinue the task with this answer. {end}",
-            ask.text(),
-            answer.trim()
-        ),
-    }
 }
 
 fn to_json(res: &TaskResult) -> serde_json::Value {
@@ -1672,52 +1486,6 @@ pub fn permission_json(task: &Task) -> String {
         p.insert("websearch".into(), "deny".into());
     }
     serde_json::Value::Object(p).to_string()
-}
-
-/// How the task's `ask` rules and budget held.
-fn ask_permissions(task: &Task, serving: bool) -> Vec<result::Permission> {
-    let mut out = Vec::new();
-    if task.budget.is_set() || task.budget_group.is_some() {
-        out.push(result::Permission {
-            flag: "budget".into(),
-            enabled: true,
-            enforcement: if serving { "enforced" } else { "not enforced" }.into(),
-            how: if serving {
-                "the spend is checked after every step; past the budget the agent is stopped and \
-                 the task waits for continue or stop"
-                    .into()
-            } else {
-                "`opencode run` reports the spend only as it goes by; a worker with --opencode \
-                 serve stops the agent at the budget"
-                    .into()
-            },
-        });
-    }
-    if task.ask_rules.is_empty() {
-        return out;
-    }
-    let rules = task.ask_rules.join(", ");
-    let (enforcement, how) = if serving {
-        (
-            "enforced",
-            format!("{rules}: ask rules in the session; each request waited for an answer"),
-        )
-    } else {
-        (
-            "enforced",
-            format!(
-                "{rules}: denied, since `opencode run` cannot wait for an answer (a worker with \
-                 --opencode serve asks)"
-            ),
-        )
-    };
-    out.push(result::Permission {
-        flag: "ask".into(),
-        enabled: true,
-        enforcement: enforcement.into(),
-        how,
-    });
-    out
 }
 
 fn shell_words(args: &[String]) -> String {
