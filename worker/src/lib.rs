@@ -1,10 +1,12 @@
 //! `taskbridge-worker`: turns queued tasks into commits.
 //!
-//! It owns the claim loop and process supervision ([`runner`], [`process`]), git (worktrees,
-//! commits and diffs, [`git`]), reading OpenCode's event stream ([`events`]), the structured
-//! result ([`result`]), task log files ([`logs`]), notifications ([`notify`]), the user service that runs a worker without a
-//! terminal ([`service`]) and the `submit` operation that resolves a repository before it reaches
-//! the queue ([`submit`]).
+//! It owns the claim loop and process supervision ([`runner`], [`process`]), the agents: OpenCode's
+//! warm server ([`serve`]) or `opencode run`, with their decisions ([`decisions`]); git
+//! (worktrees, stacking, commits, diffs and merges: [`git`], [`merge`]); reading OpenCode's event
+//! stream ([`events`]), the checks of `[verify]` ([`verify`]), the structured result ([`result`]),
+//! task log files ([`logs`]), notifications ([`notify`]), the user service that runs a worker
+//! without a terminal ([`service`]) and the `submit` and `followup` operations that resolve a
+//! repository before it reaches the queue ([`submit`]).
 //!
 //! It depends on `taskbridge-queue` and must not depend on the UI or MCP crates: those sit on top
 //! of it and meet it only through the queue database.
