@@ -564,12 +564,26 @@ impl ServeAgent {
         let mut stopped = None;
         let mut waiting = None;
         let mut restarts = 0;
+        let mut children: HashSet<String> = HashSet::new();
         'turn: loop {
             tokio::select! {
                 ev = events.next() => match ev {
                     Some(data) => {
                         let Ok(ev) = serde_json::from_str::<Value>(&data) else { continue };
-                        if ev.pointer("/properties/sessionID").and_then(Value::as_str) != Some(session.as_str()) {
+                        // Sessions the agent starts itself (its `task` tool) ask through the
+                        // same requests; nothing else of theirs belongs to this run's log.
+                        if let (Some(child), Some(parent)) = (
+                            ev.pointer("/properties/info/id").and_then(Value::as_str),
+                            ev.pointer("/properties/info/parentID").and_then(Value::as_str),
+                        ) && (parent == session || children.contains(parent))
+                        {
+                            children.insert(child.to_owned());
+                        }
+                        let from = ev.pointer("/properties/sessionID").and_then(Value::as_str);
+                        let asks = matches!(ev["type"].as_str(), Some("question.asked" | "permission.asked"));
+                        let ours = from == Some(session.as_str())
+                            || (asks && from.is_some_and(|f| children.contains(f)));
+                        if !ours {
                             continue;
                         }
                         // The model the server chose, its own default when none was named, as
