@@ -62,6 +62,19 @@ pub fn resolve_repo(path: &Path, reference: Option<&str>) -> Result<ResolvedRepo
     Ok(ResolvedRepo { toplevel, base: commit.id().to_string(), branch })
 }
 
+/// The paths an in-memory merge left conflicted, sorted.
+fn conflicted_paths(index: &git2::Index) -> std::result::Result<Vec<String>, git2::Error> {
+    let mut paths: Vec<String> = index
+        .conflicts()?
+        .flatten()
+        .filter_map(|c| c.our.or(c.their).or(c.ancestor))
+        .map(|e| String::from_utf8_lossy(&e.path).into_owned())
+        .collect();
+    paths.sort();
+    paths.dedup();
+    Ok(paths)
+}
+
 /// Why dependencies' work cannot be put together.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StackConflict {
@@ -99,14 +112,7 @@ pub fn stack_start(
         }
         let mut index = repo.merge_commits(&cur, &next, None)?;
         if index.has_conflicts() {
-            let mut paths: Vec<String> = index
-                .conflicts()?
-                .flatten()
-                .filter_map(|c| c.our.or(c.their).or(c.ancestor))
-                .map(|e| String::from_utf8_lossy(&e.path).into_owned())
-                .collect();
-            paths.sort();
-            paths.dedup();
+            let paths = conflicted_paths(&index)?;
             return Ok(Err(StackConflict { merged, with: i, paths }));
         }
         let tree = repo.find_tree(index.write_tree_to(&repo)?)?;
@@ -192,15 +198,7 @@ pub fn merge_into(
     } else {
         let mut index = repo.merge_commits(&ours, &theirs, None).map_err(fail)?;
         if index.has_conflicts() {
-            let mut paths: Vec<String> = index
-                .conflicts()
-                .map_err(fail)?
-                .flatten()
-                .filter_map(|c| c.our.or(c.their).or(c.ancestor))
-                .map(|e| String::from_utf8_lossy(&e.path).into_owned())
-                .collect();
-            paths.sort();
-            paths.dedup();
+            let paths = conflicted_paths(&index).map_err(fail)?;
             return Err(format!(
                 "merging into '{into}' conflicts in {}; nothing was changed (a follow-up task can \
                  resolve it on the task's branch)",
