@@ -124,16 +124,13 @@ pub struct BatchItem {
     pub question_timeout_s: Option<i64>,
     #[serde(default)]
     pub request_id: Option<String>,
-    /// Permission requests that wait for an answer (from Claude or a person) instead of being
-    /// allowed: each "PERMISSION[:PATTERN]", e.g. "bash:git push*", "external_directory",
-    /// "edit:*.lock". The task waits with a question of kind permission when one matches.
+    /// As in submit_task: "PERMISSION[:PATTERN]" rules that wait for an answer.
     #[serde(default)]
     pub ask: Vec<String>,
-    /// Stop the agent when the task's spend passes this many US dollars; the task then waits
-    /// with a question of kind budget (answer continue, continue <new limit>, or stop).
+    /// As in submit_task: this task's own budget in US dollars.
     #[serde(default)]
     pub max_cost_usd: Option<f64>,
-    /// The same for input plus output tokens.
+    /// As in submit_task: this task's own budget in tokens.
     #[serde(default)]
     pub max_tokens: Option<i64>,
 }
