@@ -73,7 +73,7 @@ pub fn run(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode> {
             let task = store.get(TaskId(id))?;
             if json {
                 let mut v = serde_json::to_value(&task)?;
-                v["overlaps"] = serde_json::Value::Array(worker::merge::overlaps(store, &task)?);
+                v["overlaps"] = serde_json::to_value(worker::merge::overlaps(store, &task)?)?;
                 print_json(&v)?;
             } else {
                 print_task(&task);
@@ -481,9 +481,7 @@ fn print_task(t: &Task) {
     if let Some(e) = &t.error {
         outln!("  error:     {e}");
     }
-    if let Some(r) =
-        t.result.as_ref().and_then(|r| serde_json::from_value::<TaskResult>(r.clone()).ok())
-    {
+    if let Some(r) = TaskResult::of(t) {
         if r.no_changes {
             outln!("  NO CHANGES: the agent changed no file");
         }

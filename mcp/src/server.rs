@@ -249,12 +249,12 @@ pub(crate) fn refuse(message: impl Into<String>) -> ToolResult {
 }
 
 /// The shape `get_task_result` returns.
-pub(crate) fn result_json(task: &Task, max_diff_bytes: usize, overlaps: Vec<Value>) -> Value {
-    let r: TaskResult = task
-        .result
-        .as_ref()
-        .and_then(|v| serde_json::from_value(v.clone()).ok())
-        .unwrap_or_default();
+pub(crate) fn result_json(
+    task: &Task,
+    max_diff_bytes: usize,
+    overlaps: Vec<worker::merge::Overlap>,
+) -> Value {
+    let r = TaskResult::of(task).unwrap_or_default();
     let mut diff = r.diff.clone();
     let truncated = diff.len() > max_diff_bytes;
     if truncated {

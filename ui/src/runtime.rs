@@ -210,15 +210,11 @@ impl Effects {
                             .unwrap_or_default()
                             .iter()
                             .map(|o| {
-                                let paths: Vec<&str> = o["paths"]
-                                    .as_array()
-                                    .map(|a| a.iter().filter_map(|p| p.as_str()).collect())
-                                    .unwrap_or_default();
                                 format!(
                                     "#{} ({}) also changes {}",
-                                    o["task_id"],
-                                    o["status"].as_str().unwrap_or(""),
-                                    paths.join(", ")
+                                    o.task_id,
+                                    o.status,
+                                    o.paths.join(", ")
                                 )
                             })
                             .collect();

@@ -409,9 +409,7 @@ fn draw_detail(m: &Model, f: &mut Frame, area: Rect) {
         section(&mut lines, title);
         lines.push(Line::styled(e.clone(), Style::new().fg(Color::Red)));
     }
-    if let Some(r) =
-        t.result.as_ref().and_then(|r| serde_json::from_value::<TaskResult>(r.clone()).ok())
-    {
+    if let Some(r) = TaskResult::of(t) {
         if !r.summary.is_empty() {
             section(&mut lines, "Summary");
             lines.extend(r.summary.lines().map(|l| Line::from(l.to_owned())));

@@ -26,7 +26,7 @@ pub fn clear_finished(
             let wt = Path::new(wt);
             // A done task's directory may since have been taken by another task (a worker in
             // serve mode reuses it): it is this task's only while it is on this task's branch.
-            if wt.exists() && on_branch(wt, task.branch.as_deref()) {
+            if wt.exists() && task.branch.is_some() && git::head_branch(wt) == task.branch {
                 let msg = format!(
                     "taskbridge: task {} (work left in the worktree when it was cleared)",
                     task.id.0
@@ -45,12 +45,4 @@ pub fn clear_finished(
         }
     }
     Ok(cleared)
-}
-
-fn on_branch(dir: &Path, branch: Option<&str>) -> bool {
-    let Some(branch) = branch else { return false };
-    git2::Repository::open(dir)
-        .ok()
-        .and_then(|r| r.head().ok().and_then(|h| h.shorthand().ok().map(str::to_owned)))
-        .is_some_and(|on| on == branch)
 }

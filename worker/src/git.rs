@@ -62,6 +62,16 @@ pub fn resolve_repo(path: &Path, reference: Option<&str>) -> Result<ResolvedRepo
     Ok(ResolvedRepo { toplevel, base: commit.id().to_string(), branch })
 }
 
+/// The local branch checked out in the worktree at `dir`, if it is on one.
+pub fn head_branch(dir: &Path) -> Option<String> {
+    let repo = Repository::open(dir).ok()?;
+    let head = repo.head().ok()?;
+    if !head.is_branch() {
+        return None;
+    }
+    head.shorthand().ok().map(str::to_owned)
+}
+
 /// The paths an in-memory merge left conflicted, sorted.
 fn conflicted_paths(index: &git2::Index) -> std::result::Result<Vec<String>, git2::Error> {
     let mut paths: Vec<String> = index

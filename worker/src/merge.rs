@@ -36,11 +36,7 @@ pub fn merge_task(
             id.0, task.display_status
         )));
     }
-    let result: TaskResult = task
-        .result
-        .as_ref()
-        .and_then(|r| serde_json::from_value(r.clone()).ok())
-        .unwrap_or_default();
+    let result = TaskResult::of(&task).unwrap_or_default();
     let Some(commit) = result.commit.clone() else {
         return Err(Error::Repo(format!(
             "task {} changed nothing, so there is nothing to merge",
@@ -85,9 +81,18 @@ pub fn merge_task(
     })
 }
 
+/// Another unmerged task that changed some of the same paths.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Overlap {
+    pub task_id: i64,
+    pub title: String,
+    pub status: TaskStatus,
+    pub paths: Vec<String>,
+}
+
 /// Other unmerged tasks of the same repository whose changed paths meet this one's: a warning
 /// for whoever merges them, not a block.
-pub fn overlaps(store: &Store, task: &Task) -> Result<Vec<serde_json::Value>> {
+pub fn overlaps(store: &Store, task: &Task) -> Result<Vec<Overlap>> {
     let mine = files_of(task);
     if mine.is_empty() {
         return Ok(vec![]);
@@ -105,16 +110,19 @@ pub fn overlaps(store: &Store, task: &Task) -> Result<Vec<serde_json::Value>> {
         let shared: Vec<String> =
             files_of(&other).into_iter().filter(|p| mine.contains(p)).collect();
         if !shared.is_empty() {
-            out.push(serde_json::json!({"task_id": other.id.0, "title": other.title, "status": other.status, "paths": shared}));
+            out.push(Overlap {
+                task_id: other.id.0,
+                title: other.title,
+                status: other.status,
+                paths: shared,
+            });
         }
     }
     Ok(out)
 }
 
 fn files_of(task: &Task) -> Vec<String> {
-    task.result
-        .as_ref()
-        .and_then(|r| serde_json::from_value::<TaskResult>(r.clone()).ok())
+    TaskResult::of(task)
         .map(|r| r.files_touched.into_iter().map(|f| f.path).collect())
         .unwrap_or_default()
 }

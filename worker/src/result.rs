@@ -63,6 +63,13 @@ pub struct PermissionRequest {
     pub asked_at: f64,
 }
 
+impl TaskResult {
+    /// The result a task carries, if it has one this build can read.
+    pub fn of(task: &queue::Task) -> Option<TaskResult> {
+        task.result.as_ref().and_then(|r| serde_json::from_value(r.clone()).ok())
+    }
+}
+
 /// A test command: observed (the agent ran it, with its exit code) or only claimed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TestRun {

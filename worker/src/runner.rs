@@ -797,6 +797,8 @@ impl Worker {
                     // checked against the task's budgets after every step.
                     let (store, prev) = (self.store.clone(), previous_usage(task));
                     let session = turn.session.clone();
+                    // Only a task given a budget (its own or its batch's) can get one later.
+                    let budgeted = task.budget.is_set() || task.budget_group.is_some();
                     let earlier_budget =
                         task.questions.iter().filter_map(|q| q.ask.as_ref()?.budget.clone()).next();
                     let mut on_step = move |p: crate::serve::Progress<'_>| {
@@ -835,6 +837,9 @@ impl Worker {
                         // must be checked before the agent takes another step.
                         if let Err(e) = store.record_run(id, token, facts) {
                             tracing::debug!(task = %id, error = %e, "recording the spend failed");
+                        }
+                        if !budgeted {
+                            return crate::serve::Control::Go;
                         }
                         match store.budget_of(id).map(|b| b.passed(cost, tokens)) {
                             Ok(Some(mut stop)) => {
@@ -1132,11 +1137,7 @@ impl Worker {
         let infos: Vec<DepInfo> = deps
             .iter()
             .map(|d| {
-                let r = d
-                    .result
-                    .as_ref()
-                    .and_then(|r| serde_json::from_value::<TaskResult>(r.clone()).ok())
-                    .unwrap_or_default();
+                let r = TaskResult::of(d).unwrap_or_default();
                 DepInfo {
                     id: d.id,
                     title: d.title.clone(),
@@ -1374,11 +1375,7 @@ fn lost_or(e: Error) -> Result<Option<Outcome>> {
 
 /// What the task's earlier runs (before an answer) spent.
 fn previous_usage(task: &Task) -> Usage {
-    task.result
-        .as_ref()
-        .and_then(|r| serde_json::from_value::<TaskResult>(r.clone()).ok())
-        .map(|r| r.usage)
-        .unwrap_or_default()
+    TaskResult::of(task).map(|r| r.usage).unwrap_or_default()
 }
 
 /// What a task builds on, for its prompt.

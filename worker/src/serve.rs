@@ -812,11 +812,7 @@ fn remove_spares(list: &Path) {
     for s in spares {
         if let (Some(repo), Some(dir)) = (s["repo"].as_str(), s["dir"].as_str()) {
             // A spare is detached; one on a branch was taken by a task since.
-            let on_branch = git2::Repository::open(dir)
-                .ok()
-                .and_then(|r| r.head().ok().map(|h| h.is_branch()))
-                .unwrap_or(false);
-            if on_branch {
+            if crate::git::head_branch(Path::new(dir)).is_some() {
                 continue;
             }
             match crate::git::remove_worktree(Path::new(repo), Path::new(dir)) {
