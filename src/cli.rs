@@ -15,9 +15,16 @@ pub struct Cli {
     /// Directory holding the database, logs and worktrees.
     #[arg(long, global = true, value_name = "DIR")]
     pub home: Option<PathBuf>,
-    /// Use this database file instead of <home>/taskbridge.db.
-    #[arg(long, global = true, value_name = "PATH")]
-    pub db: Option<PathBuf>,
+    /// The queue: a SQLite file (default <home>/taskbridge.db; also sqlite://PATH) or
+    /// postgres://user:pass@host:port/db?schema=NAME for a queue shared by several hosts.
+    #[arg(
+        long,
+        global = true,
+        value_name = "PATH|URL",
+        env = "TASKBRIDGE_DB",
+        hide_env_values = true
+    )]
+    pub db: Option<String>,
     /// The config file (default: $XDG_CONFIG_HOME/taskbridge/config.toml if it exists).
     #[arg(long, global = true, value_name = "FILE", env = "TASKBRIDGE_CONFIG")]
     pub config: Option<PathBuf>,
@@ -172,6 +179,17 @@ pub enum Command {
     /// Run `taskbridge serve` as a user service (systemd on Linux, launchd on macOS):
     /// install, uninstall or status.
     Service { action: String },
+    /// Copy a whole queue to another backend (tasks with their ids, dependencies, notes,
+    /// questions, budgets, jobs): `--from sqlite:PATH --to postgres://…?schema=NAME`. The target
+    /// must be empty; stop the workers on the source first.
+    Migrate {
+        /// The queue to copy: a path, sqlite:PATH or a postgres:// URL.
+        #[arg(long)]
+        from: String,
+        /// The empty queue to copy it into.
+        #[arg(long)]
+        to: String,
+    },
 }
 
 #[derive(Debug, Args)]

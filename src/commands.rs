@@ -138,7 +138,7 @@ pub fn run(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode> {
             if json {
                 print_json(&st)?;
             } else {
-                outln!("database: {}", ctx.db_path.display());
+                outln!("database: {}", ctx.store.location());
                 let order =
                     ["queued", "blocked", "running", "waiting", "done", "failed", "cancelled"];
                 let counts: Vec<String> = order
@@ -239,6 +239,7 @@ pub fn run(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode> {
         }
         Command::Doctor { probe } => return crate::doctor::run(&ctx, probe),
         Command::Service { action } => crate::service::service(&action, ctx.home.root())?,
+        Command::Migrate { from, to } => return migrate(&from, &to),
         Command::Worker(_)
         | Command::Mcp { .. }
         | Command::Serve(_)
@@ -516,4 +517,20 @@ fn print_task(t: &Task) {
         }
     }
     outln!("  prompt:\n    {}", t.prompt.replace('\n', "\n    "));
+}
+
+/// `taskbridge migrate --from A --to B`: copies every row; the source is left as it was.
+pub fn migrate(from: &str, to: &str) -> anyhow::Result<ExitCode> {
+    let (from, to) = (
+        queue::Location::parse(from).context("reading --from")?,
+        queue::Location::parse(to).context("reading --to")?,
+    );
+    let src = queue::Store::connect(&from).with_context(|| format!("opening {from}"))?;
+    let dst = queue::Store::connect(&to).with_context(|| format!("opening {to}"))?;
+    let copied =
+        queue::copy_queue(&src, &dst).with_context(|| format!("copying {from} to {to}"))?;
+    let rows: Vec<String> = copied.0.iter().map(|(t, n)| format!("{t} {n}")).collect();
+    outln!("copied {from} to {to}: {}", rows.join(", "));
+    outln!("point every command at the new queue with --db or TASKBRIDGE_DB; {from} is unchanged");
+    Ok(ExitCode::SUCCESS)
 }

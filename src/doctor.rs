@@ -175,14 +175,14 @@ fn home(ctx: &Ctx) -> Check {
         (Ok(()), Ok(())) => ok(format!(
             "home {} and database {} are writable",
             ctx.home.root().display(),
-            ctx.db_path.display()
+            ctx.store.location()
         )),
         (Err(e), _) => fail(
             format!("home {} is not writable: {e}", ctx.home.root().display()),
             "free some space or fix its permissions, or pass --home DIR",
         ),
         (_, Err(e)) => fail(
-            format!("database {} is not writable: {e}", ctx.db_path.display()),
+            format!("database {} is not writable: {e}", ctx.store.location()),
             "free some space or fix its permissions, or pass --db PATH",
         ),
     }

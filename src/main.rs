@@ -21,7 +21,9 @@ use std::sync::Arc;
 /// What every command needs: where files live and the open queue.
 pub struct Ctx {
     pub home: queue::Home,
-    pub db_path: PathBuf,
+    /// `--db` as given (with any password), for the processes this one starts; show
+    /// `store.location()` instead, which masks it.
+    pub db_arg: String,
     pub store: Arc<queue::Store>,
     pub cwd: PathBuf,
     pub config: config::Config,
@@ -31,12 +33,13 @@ fn open(cli: &cli::Cli) -> anyhow::Result<Ctx> {
     let home = queue::Home::resolve(cli.home.clone())?;
     home.ensure()
         .with_context(|| format!("preparing the home directory {}", home.root().display()))?;
-    let db_path = cli.db.clone().unwrap_or_else(|| home.db_path());
-    let store = queue::Store::open(&db_path)
-        .with_context(|| format!("opening the queue at {}", db_path.display()))?;
+    let db_arg = cli.db.clone().unwrap_or_else(|| home.db_path().display().to_string());
+    let location = queue::Location::parse(&db_arg).context("reading --db/TASKBRIDGE_DB")?;
+    let store = queue::Store::connect(&location)
+        .with_context(|| format!("opening the queue at {location}"))?;
     let cwd = std::env::current_dir().context("reading the current directory")?;
     let config = config::Config::load(cli.config.as_deref())?;
-    Ok(Ctx { home, db_path, store: Arc::new(store), cwd, config })
+    Ok(Ctx { home, db_arg, store: Arc::new(store), cwd, config })
 }
 
 fn main() -> std::process::ExitCode {
@@ -51,6 +54,10 @@ fn main() -> std::process::ExitCode {
 }
 
 fn real_main(cli: cli::Cli) -> anyhow::Result<std::process::ExitCode> {
+    if let cli::Command::Migrate { from, to } = &cli.command {
+        // Needs neither the home nor the default queue.
+        return commands::migrate(from, to);
+    }
     let ctx = open(&cli)?;
     let long_running = matches!(
         cli.command,

@@ -15,7 +15,7 @@ pub fn bridge_command(ctx: &Ctx) -> anyhow::Result<Vec<String>> {
         "--home".into(),
         ctx.home.root().display().to_string(),
         "--db".into(),
-        ctx.db_path.display().to_string(),
+        ctx.db_arg.clone(),
         "claude-mcp".into(),
     ])
 }
@@ -77,7 +77,7 @@ pub async fn long_running(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode
                 args.opencode_mode,
             )?;
             let running = Worker::start(ctx.store.clone(), ctx.home.clone(), cfg, shutdown);
-            eprintln!("taskbridge worker {} on {}", running.worker.id(), ctx.db_path.display());
+            eprintln!("taskbridge worker {} on {}", running.worker.id(), ctx.store.location());
             running.handle.await.context("worker task")??;
         }
         Command::Mcp { worker: emb } => {

@@ -58,11 +58,12 @@ impl TaskBridge {
         let tx = changes.clone();
         store.on_change(move || tx.send_modify(|v| *v = v.wrapping_add(1)));
         let tx = changes.clone();
-        let watcher = queue::ChangeWatcher::spawn(store.path(), move || {
-            tx.send_modify(|v| *v = v.wrapping_add(1))
-        })
-        .map_err(|e| tracing::warn!(error = %e, "cannot watch the database; wait_for will poll"))
-        .ok();
+        let watcher =
+            queue::ChangeWatcher::spawn(&store, move || tx.send_modify(|v| *v = v.wrapping_add(1)))
+                .map_err(
+                    |e| tracing::warn!(error = %e, "cannot watch the database; wait_for will poll"),
+                )
+                .ok();
         TaskBridge {
             inner: Arc::new(Inner {
                 store,

@@ -816,7 +816,8 @@ impl TaskBridge {
         match self.read_now(|s| Ok(s.list_workers()?)) {
             Ok(workers) => ok(json!({
                 "version": env!("CARGO_PKG_VERSION"),
-                "database": self.store().path().display().to_string(),
+                "database": self.store().location().to_string(),
+                "backend": self.store().location().backend(),
                 "workers_alive": workers.iter().filter(|w| !w.stopped && !w.stale).count(),
             })),
             Err(e) => self.fail(e),

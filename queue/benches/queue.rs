@@ -1,10 +1,13 @@
-//! Queue benchmarks on a real database file.
+//! Queue benchmarks on both backends, side by side in one run: a real SQLite file, and the
+//! PostgreSQL server named by `TASKBRIDGE_TEST_PG` (over loopback TCP; `.ci/pg start DIR` starts
+//! one), each benchmark in a fresh schema.
 //!
-//!   cargo bench -p taskbridge-queue --bench queue            full run (figures for BENCHMARKS.md)
-//!   cargo test  -p taskbridge-queue --bench queue            small run: a smoke test
+//!   TASKBRIDGE_TEST_PG=postgres://… cargo bench -p taskbridge-queue --bench queue   full run
+//!   cargo test -p taskbridge-queue --bench queue            small run: a smoke test
 //!
-//! Each benchmark prints one line a script can read: `bench=<name> key=value ...`.
-//! - submit: durable (WAL, synchronous=FULL) submits per second from one process.
+//! Each benchmark prints one line a script can read: `bench=<name> backend=<b> key=value ...`.
+//! - submit: durable submits per second from one process (SQLite: WAL, synchronous=FULL;
+//!   PostgreSQL: synchronous_commit on).
 //! - claim4: 4 processes claim from one file until it is drained: claim transactions per second,
 //!   per-process counts (fairness), and the worst wait of a single claim call.
 //! - cycle4: the same with each claim followed by its completion (two durable transactions per
@@ -16,7 +19,7 @@
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use taskbridge_queue::{ChangeWatcher, Outcome, Store, TaskSpec};
+use taskbridge_queue::{ChangeWatcher, Location, Outcome, Store, TaskSpec};
 
 const LEASE: Duration = Duration::from_secs(30);
 
@@ -50,24 +53,65 @@ fn main() {
     let full = args.iter().any(|a| a == "--bench");
     let dir = tempfile::tempdir().unwrap();
     let (submits, claims, pickups) = if full { (2000, 4000, 1000) } else { (100, 200, 50) };
-    bench_submit(&dir.path().join("submit.db"), submits);
-    bench_claim4(&dir.path().join("claim.db"), claims, false);
-    bench_claim4(&dir.path().join("cycle.db"), claims, true);
-    bench_pickup(&dir.path().join("pickup.db"), pickups);
+    let pg = std::env::var("TASKBRIDGE_TEST_PG").ok();
+    if pg.is_none() {
+        println!("bench backend=postgres skipped: set TASKBRIDGE_TEST_PG=postgres://…");
+    }
+    // One queue per benchmark and backend.
+    let fresh = |backend: &str, name: &str| -> String {
+        match (backend, &pg) {
+            ("postgres", Some(url)) => {
+                let schema = format!("bench_{name}_{}", std::process::id());
+                let mut c = postgres::Client::connect(url, postgres::NoTls).unwrap();
+                c.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE")).unwrap();
+                let sep = if url.contains('?') { '&' } else { '?' };
+                format!("{url}{sep}schema={schema}")
+            }
+            _ => dir.path().join(format!("{name}.db")).display().to_string(),
+        }
+    };
+    let backends: Vec<&str> =
+        if pg.is_some() { vec!["sqlite", "postgres"] } else { vec!["sqlite"] };
+    for b in &backends {
+        bench_submit(b, &fresh(b, "submit"), submits);
+    }
+    for b in &backends {
+        bench_claim4(b, &fresh(b, "claim"), claims, false);
+    }
+    for b in &backends {
+        bench_claim4(b, &fresh(b, "cycle"), claims, true);
+    }
+    for b in &backends {
+        bench_pickup(b, &fresh(b, "pickup"), pickups, 0);
+    }
+    if let Some(url) = &pg {
+        // listen=off: the poll alone (for poolers without LISTEN).
+        let db = fresh("postgres", "pickup_poll");
+        bench_pickup("postgres-listen-off", &format!("{db}&listen=off"), pickups / 10, 500);
+        let mut c = postgres::Client::connect(url, postgres::NoTls).unwrap();
+        for name in ["submit", "claim", "cycle", "pickup", "pickup_poll"] {
+            let schema = format!("bench_{name}_{}", std::process::id());
+            c.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE")).unwrap();
+        }
+    }
 }
 
-fn bench_submit(db: &std::path::Path, n: usize) {
-    let store = Store::open(db).unwrap();
+fn open(db: &str) -> Store {
+    Store::connect(&Location::parse(db).unwrap()).unwrap()
+}
+
+fn bench_submit(backend: &str, db: &str, n: usize) {
+    let store = open(db);
     let start = Instant::now();
     for i in 0..n {
         store.submit(spec(format!("task {i}"))).unwrap();
     }
     let secs = start.elapsed().as_secs_f64();
-    println!("bench=submit n={n} secs={secs:.3} per_s={:.0}", n as f64 / secs);
+    println!("bench=submit backend={backend} n={n} secs={secs:.3} per_s={:.0}", n as f64 / secs);
 }
 
-fn bench_claim4(db: &std::path::Path, n: usize, finish: bool) {
-    let store = Store::open(db).unwrap();
+fn bench_claim4(backend: &str, db: &str, n: usize, finish: bool) {
+    let store = open(db);
     for i in 0..n {
         store.submit(spec(format!("task {i}"))).unwrap();
     }
@@ -77,11 +121,7 @@ fn bench_claim4(db: &std::path::Path, n: usize, finish: bool) {
     let kids: Vec<_> = (0..4)
         .map(|_| {
             Command::new(&exe)
-                .args([
-                    "child-claim",
-                    db.to_str().unwrap(),
-                    if finish { "finish" } else { "claim" },
-                ])
+                .args(["child-claim", db, if finish { "finish" } else { "claim" }])
                 .stdout(Stdio::piped())
                 .spawn()
                 .unwrap()
@@ -109,7 +149,7 @@ fn bench_claim4(db: &std::path::Path, n: usize, finish: bool) {
     let total: usize = counts.iter().sum();
     assert_eq!(total, n, "every task claimed exactly once");
     println!(
-        "bench={} n={n} secs={secs:.3} per_s={:.0} per_process={} p50_ms={:.2} p99_ms={:.2} max_wait_ms={worst_ms:.1}",
+        "bench={} backend={backend} n={n} secs={secs:.3} per_s={:.0} per_process={} p50_ms={:.2} p99_ms={:.2} max_wait_ms={worst_ms:.1}",
         if finish { "cycle4" } else { "claim4" },
         n as f64 / secs,
         counts.iter().map(|c| c.to_string()).collect::<Vec<_>>().join("/"),
@@ -119,7 +159,7 @@ fn bench_claim4(db: &std::path::Path, n: usize, finish: bool) {
 }
 
 fn child_claim(db: &str, finish: bool) {
-    let store = Store::open(db).unwrap();
+    let store = open(db);
     let me = format!("bench-{}", std::process::id());
     let mut out = std::io::BufWriter::new(std::io::stdout());
     loop {
@@ -132,11 +172,13 @@ fn child_claim(db: &str, finish: bool) {
     }
 }
 
-fn bench_pickup(db: &std::path::Path, n: usize) {
-    let store = Store::open(db).unwrap();
+/// `jitter_ms`: a varying pause before each submit, so that with a poll the submits land at
+/// every phase of it rather than just after a look.
+fn bench_pickup(backend: &str, db: &str, n: usize, jitter_ms: u64) {
+    let store = open(db);
     let exe = std::env::current_exe().unwrap();
     let mut kid = Command::new(&exe)
-        .args(["child-pickup", db.to_str().unwrap()])
+        .args(["child-pickup", db])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -144,21 +186,29 @@ fn bench_pickup(db: &std::path::Path, n: usize) {
     let mut lines = BufReader::new(kid.stdout.take().unwrap()).lines();
     assert_eq!(lines.next().unwrap().unwrap(), "ready");
     let mut lat = Vec::with_capacity(n);
-    for _ in 0..n {
+    for i in 0..n as u64 {
+        // Only once the consumer is idle (asleep on its watcher), so that the latency is a
+        // wake-up's and not a busy consumer's next look.
+        // (A poll that found nothing says idle again: skip to the first one.)
+        while lines.next().unwrap().unwrap() != "idle" {}
+        let jitter = if jitter_ms == 0 { 0 } else { i * 7919 % jitter_ms };
+        std::thread::sleep(Duration::from_millis(2 + jitter));
         let t0 = now_ns();
         store.submit(spec(t0.to_string())).unwrap();
-        let line = lines.next().unwrap().unwrap();
-        let claimed_at: u128 = line.parse().unwrap();
+        let claimed_at: u128 = loop {
+            let line = lines.next().unwrap().unwrap();
+            if let Ok(t) = line.parse() {
+                break t;
+            }
+        };
         lat.push((claimed_at - t0) as f64 / 1e6);
-        // Let the consumer go idle again before the next task arrives.
-        std::thread::sleep(Duration::from_millis(2));
     }
     drop(kid.stdin.take());
     let _ = kid.kill();
     let _ = kid.wait();
     lat.sort_by(f64::total_cmp);
     println!(
-        "bench=pickup n={n} p50_ms={:.2} p99_ms={:.2} max_ms={:.2}",
+        "bench=pickup backend={backend} n={n} p50_ms={:.2} p99_ms={:.2} max_ms={:.2}",
         pct(&lat, 0.5),
         pct(&lat, 0.99),
         lat.last().copied().unwrap_or(0.0)
@@ -166,12 +216,16 @@ fn bench_pickup(db: &std::path::Path, n: usize) {
 }
 
 fn child_pickup(db: &str) {
-    let store = Store::open(db).unwrap();
+    let store = open(db);
     let (tx, rx) = std::sync::mpsc::channel();
-    let _w = ChangeWatcher::spawn(store.path(), move || {
+    let _w = ChangeWatcher::spawn(&store, move || {
         let _ = tx.send(());
     })
     .unwrap();
+    // On PostgreSQL the listener calls once when it is connected: ready only after that.
+    if store.location().is_shared() {
+        rx.recv().unwrap();
+    }
     println!("ready");
     let mut out = std::io::stdout();
     loop {
@@ -180,6 +234,9 @@ fn child_pickup(db: &str) {
             out.flush().unwrap();
             store.finish(c.task.id, c.token, done()).unwrap();
         }
+        while rx.try_recv().is_ok() {}
+        writeln!(out, "idle").unwrap();
+        out.flush().unwrap();
         if rx.recv().is_err() {
             return;
         }

@@ -33,6 +33,15 @@ pub enum Error {
     DiskFull(String),
     #[error("database error: {0}")]
     Sqlite(rusqlite::Error),
+    #[error("PostgreSQL: {message}{}", .code.as_ref().map(|c| format!(" (SQLSTATE {c})")).unwrap_or_default())]
+    Postgres { code: Option<String>, message: String },
+    #[error(
+        "the database is unreachable ({message}); TaskBridge kept trying for a minute. Check that \
+         the server runs and the URL in --db/TASKBRIDGE_DB is right"
+    )]
+    Unavailable { message: String },
+    #[error("the database returned something this build cannot read (column {column}: {message})")]
+    Decode { column: usize, message: String },
     #[error("{context}: {source}")]
     Io { context: String, source: std::io::Error },
     #[error("corrupt JSON in column {column}: {source}")]
@@ -51,6 +60,12 @@ impl From<rusqlite::Error> for Error {
             return Error::DiskFull(e.to_string());
         }
         Error::Sqlite(e)
+    }
+}
+
+impl From<postgres::Error> for Error {
+    fn from(e: postgres::Error) -> Self {
+        crate::pg::pg_error(e)
     }
 }
 

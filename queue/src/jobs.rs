@@ -8,8 +8,8 @@
 //! job never changes again; anything else is refused with [`Error::JobTransition`].
 
 use crate::error::{Error, Result};
+use crate::sql::{Row, Tx, args};
 use crate::store::Store;
-use rusqlite::{OptionalExtension, Row, params};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -112,21 +112,17 @@ pub enum JobOutcome {
 const JOB_COLUMNS: &str = "id, status, request, result, error, owner_host, owner_pid, \
     owner_started, created_at, started_at, finished_at";
 
-fn json_column(row: &Row<'_>, i: usize) -> rusqlite::Result<Option<Value>> {
-    let text: Option<String> = row.get(i)?;
-    text.map(|t| {
-        serde_json::from_str(&t).map_err(|e| {
-            rusqlite::Error::FromSqlConversionFailure(i, rusqlite::types::Type::Text, e.into())
+fn json_column(row: &Row, i: usize) -> Result<Option<Value>> {
+    row.get::<Option<String>>(i)?
+        .map(|t| {
+            serde_json::from_str(&t).map_err(|source| Error::Json { column: "request", source })
         })
-    })
-    .transpose()
+        .transpose()
 }
 
-fn job_from_row(row: &Row<'_>) -> rusqlite::Result<Job> {
+fn job_from_row(row: &Row) -> Result<Job> {
     let status: String = row.get(1)?;
-    let status = status.parse().map_err(|e: String| {
-        rusqlite::Error::FromSqlConversionFailure(1, rusqlite::types::Type::Text, e.into())
-    })?;
+    let status = status.parse().map_err(|message: String| Error::Decode { column: 1, message })?;
     Ok(Job {
         id: JobId(row.get(0)?),
         status,
@@ -142,23 +138,34 @@ fn job_from_row(row: &Row<'_>) -> rusqlite::Result<Job> {
     })
 }
 
-fn load_job(conn: &rusqlite::Connection, id: JobId) -> Result<Job> {
-    conn.prepare_cached(&format!("SELECT {JOB_COLUMNS} FROM claude_jobs WHERE id = ?1"))?
-        .query_row([id.0], job_from_row)
-        .optional()?
-        .ok_or(Error::JobNotFound(id))
+fn load_job(conn: &mut dyn Tx, id: JobId) -> Result<Job> {
+    static READ: std::sync::LazyLock<String> =
+        std::sync::LazyLock::new(|| format!("SELECT {JOB_COLUMNS} FROM claude_jobs WHERE id = ?1"));
+    let row = conn.query_opt(&READ, args![id.0])?.ok_or(Error::JobNotFound(id))?;
+    job_from_row(&row)
+}
+
+/// The job, its row locked for the rest of the transaction (see `store::status_of`).
+fn lock_job(tx: &mut dyn Tx, id: JobId) -> Result<Job> {
+    static BY_ID: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        format!("SELECT {JOB_COLUMNS} FROM claude_jobs WHERE id = ?1 FOR UPDATE")
+    });
+    let row = tx.query_opt(&BY_ID, args![id.0])?.ok_or(Error::JobNotFound(id))?;
+    job_from_row(&row)
 }
 
 impl Store {
     /// Records a new job, queued, owned by `owner`.
     pub fn job_submit(&self, request: &Value, owner: &JobOwner) -> Result<Job> {
         self.write(|tx, now| {
-            tx.execute(
-                "INSERT INTO claude_jobs (request, owner_host, owner_pid, owner_started, created_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5)",
-                params![request.to_string(), owner.host, owner.pid, owner.started, now],
-            )?;
-            load_job(tx, JobId(tx.last_insert_rowid()))
+            let id: i64 = tx
+                .query_one(
+                    "INSERT INTO claude_jobs (request, owner_host, owner_pid, owner_started,
+                        created_at) VALUES (?1, ?2, ?3, ?4, ?5) RETURNING id",
+                    args![request.to_string(), &owner.host, owner.pid, &owner.started, now],
+                )?
+                .get(0)?;
+            load_job(tx, JobId(id))
         })
     }
 
@@ -166,10 +173,10 @@ impl Store {
     /// before it started), which tells the runner not to run it.
     pub fn job_start(&self, id: JobId) -> Result<Option<Job>> {
         self.write(|tx, now| {
-            let n = tx.execute(
+            let n = tx.exec(
                 "UPDATE claude_jobs SET status = 'running', started_at = ?1
                  WHERE id = ?2 AND status = 'queued'",
-                params![now, id.0],
+                args![now, id.0],
             )?;
             if n == 0 {
                 // Distinguish an unknown id from a job that moved on.
@@ -183,15 +190,15 @@ impl Store {
     /// `running -> done | failed`. A job cancelled meanwhile stays cancelled and its late
     /// outcome is dropped (`Ok(None)`).
     pub fn job_finish(&self, id: JobId, outcome: JobOutcome) -> Result<Option<Job>> {
+        let (status, result, error) = match outcome {
+            JobOutcome::Done(v) => ("done", Some(v.to_string()), None),
+            JobOutcome::Failed(e) => ("failed", None, Some(e)),
+        };
         self.write(|tx, now| {
-            let (status, result, error) = match outcome {
-                JobOutcome::Done(v) => ("done", Some(v.to_string()), None),
-                JobOutcome::Failed(e) => ("failed", None, Some(e)),
-            };
-            let n = tx.execute(
+            let n = tx.exec(
                 "UPDATE claude_jobs SET status = ?1, result = ?2, error = ?3, finished_at = ?4
                  WHERE id = ?5 AND status = 'running'",
-                params![status, result, error, now, id.0],
+                args![status, &result, &error, now, id.0],
             )?;
             if n == 0 {
                 let job = load_job(tx, id)?;
@@ -212,7 +219,7 @@ impl Store {
     /// Cancels a queued or running job. Its runner notices the new state and stops.
     pub fn job_cancel(&self, id: JobId) -> Result<Job> {
         self.write(|tx, now| {
-            let job = load_job(tx, id)?;
+            let job = lock_job(tx, id)?;
             if job.status.is_finished() {
                 return Err(Error::JobTransition {
                     id,
@@ -221,10 +228,10 @@ impl Store {
                     allowed: "queued or running",
                 });
             }
-            tx.execute(
+            tx.exec(
                 "UPDATE claude_jobs SET status = 'cancelled', finished_at = ?1,
                  error = 'cancelled before it finished' WHERE id = ?2",
-                params![now, id.0],
+                args![now, id.0],
             )?;
             load_job(tx, id)
         })
@@ -239,12 +246,10 @@ impl Store {
         self.read(|conn| {
             let mut counts: BTreeMap<String, i64> =
                 JobStatus::ALL.iter().map(|s| (s.as_str().to_owned(), 0)).collect();
-            let mut stmt =
-                conn.prepare_cached("SELECT status, count(*) FROM claude_jobs GROUP BY status")?;
-            let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
-            for row in rows {
-                let (status, n) = row?;
-                counts.insert(status, n);
+            for row in
+                conn.query("SELECT status, count(*) FROM claude_jobs GROUP BY status", &[])?
+            {
+                counts.insert(row.get(0)?, row.get(1)?);
             }
             Ok(counts)
         })
@@ -259,22 +264,22 @@ impl Store {
         alive: impl Fn(i64, Option<&str>) -> bool,
     ) -> Result<Vec<JobId>> {
         self.write(|tx, now| {
-            let open: Vec<(i64, i64, Option<String>)> = tx
-                .prepare_cached(
-                    "SELECT id, owner_pid, owner_started FROM claude_jobs
-                     WHERE status IN ('queued', 'running') AND owner_host = ?1 ORDER BY id",
-                )?
-                .query_map([host], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
-                .collect::<rusqlite::Result<_>>()?;
+            let open = tx.query(
+                "SELECT id, owner_pid, owner_started FROM claude_jobs
+                 WHERE status IN ('queued', 'running') AND owner_host = ?1 ORDER BY id FOR UPDATE",
+                args![host],
+            )?;
             let mut ids = Vec::new();
-            for (id, pid, started) in open {
+            for row in open {
+                let (id, pid, started): (i64, i64, Option<String>) =
+                    (row.get(0)?, row.get(1)?, row.get(2)?);
                 if alive(pid, started.as_deref()) {
                     continue;
                 }
-                tx.execute(
+                tx.exec(
                     "UPDATE claude_jobs SET status = 'failed', finished_at = ?1, error = ?2
                      WHERE id = ?3",
-                    params![
+                    args![
                         now,
                         format!(
                             "interrupted: the bridge process running it (pid {pid}) stopped \

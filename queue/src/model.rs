@@ -165,6 +165,9 @@ pub struct TaskSpec {
     /// The branch the task was submitted from, when it was on one (what `merge_task` merges
     /// into by default).
     pub base_ref: Option<String>,
+    /// The git remote every worker can fetch the base from (and pushes the task's branch to
+    /// when it runs from a mirror), for a queue shared by several hosts.
+    pub remote: Option<String>,
     /// A follow-up: the task whose session it resumes (`session_id`) and whose commit is its
     /// `base`.
     pub parent: Option<TaskId>,
@@ -565,6 +568,7 @@ impl TaskSpec {
             ask: Vec::new(),
             budget: Budget::default(),
             base_ref: None,
+            remote: None,
             parent: None,
             session_id: None,
         }
@@ -637,6 +641,13 @@ pub struct Task {
     /// The branch it was submitted from (`merge_task`'s default target).
     #[serde(default)]
     pub base_ref: Option<String>,
+    /// The git remote its base can be fetched from and its branch is pushed to by a worker on
+    /// another host.
+    #[serde(default)]
+    pub remote: Option<String>,
+    /// The host of the worker that runs (or last ran) it: where its full log is.
+    #[serde(default)]
+    pub worker_host: Option<String>,
     /// The commit its branch started from: `base`, or its dependencies' work.
     #[serde(default)]
     pub started_from: Option<String>,

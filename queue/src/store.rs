@@ -1,38 +1,36 @@
-//! The SQLite store: every state transition is one `BEGIN IMMEDIATE` transaction here.
+//! The store: every state transition is one transaction here, written once for both backends
+//! against [`crate::sql::Tx`]. SQLite ([`crate::sqlite`]) serialises writers with `BEGIN
+//! IMMEDIATE`; PostgreSQL ([`crate::pg`]) locks the rows each transition decides on. The few
+//! statements whose dialects differ branch on [`Dialect`].
 
 use crate::error::{Error, Result};
+use crate::location::Location;
 use crate::model::*;
-use rusqlite::{Connection, OptionalExtension, Row, Transaction, TransactionBehavior, params};
+use crate::sql::{Arg, Dialect, Row, Tx, args};
+use crate::sqlite::Durability;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
-
-/// Ordered, embedded migrations; `PRAGMA user_version` records how many have run.
-const MIGRATIONS: &[&str] = &[
-    include_str!("../migrations/0001_init.sql"),
-    include_str!("../migrations/0002_claude_jobs.sql"),
-    include_str!("../migrations/0003_worker_agent.sql"),
-    include_str!("../migrations/0004_decisions.sql"),
-    include_str!("../migrations/0005_plans.sql"),
-];
 
 /// A worker with no heartbeat for this long is reported as stale.
 pub const WORKER_STALE_AFTER_S: f64 = 30.0;
 
 type Listener = Arc<dyn Fn() + Send + Sync>;
 
-/// id, fencing token, session, pending answer, pending decision.
-type ClaimedRow = Option<(i64, i64, Option<String>, Option<String>, Option<String>)>;
+// One per open store: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Backend {
+    Sqlite(crate::sqlite::Db),
+    Postgres(crate::pg::Db),
+}
 
-/// A handle on the queue database. Cheap to share behind an `Arc`; every method takes `&self` and
-/// serialises on one connection, which is what SQLite does with writers anyway.
+/// A handle on the queue database. Cheap to share behind an `Arc`; every method takes `&self`.
+/// Writes serialise on one connection per process (SQLite serialises writers anyway; on
+/// PostgreSQL other processes and hosts write beside it).
 pub struct Store {
-    conn: Mutex<Connection>,
-    /// A second connection for reads: in WAL mode readers never wait for a writer, so a read
-    /// (an MCP `get_task`, a TUI refresh) is not queued behind another request's fsync.
-    reader: Mutex<Connection>,
-    path: PathBuf,
+    pub(crate) backend: Backend,
+    location: Location,
     listeners: Mutex<Vec<Listener>>,
 }
 
@@ -41,43 +39,23 @@ const TASK_COLUMNS: &str = "id, title, prompt, repo, base, priority, model, agen
     status, question, session_id, result, error, attempts, worker, lease_until, cancel_requested, \
     branch, worktree, created_at, started_at, finished_at, updated_at, not_before, ask, ask_rules, \
     max_cost_usd, max_tokens, budget_group, base_ref, started_from, stacked_on, merged_into, \
-    merge_commit, parent";
+    merge_commit, parent, remote, worker_host";
 
-/// Short, fixed sleeps between retries keep several writer processes fair; SQLite's default
-/// handler backs off to 100 ms sleeps, and a process deep in back-off starves while the others
-/// take the lock between its sleeps (measured with four claiming processes: the starved one got
-/// a few percent of the claims). Transactions here are short, so the first two seconds
-/// retry every 100 µs (the lock is not left idle while its waiters sleep); then every
-/// millisecond, about 30 s in all.
-fn busy_handler(attempt: i32) -> bool {
-    match attempt {
-        0..20_000 => std::thread::sleep(Duration::from_micros(100)),
-        20_000..48_000 => std::thread::sleep(Duration::from_millis(1)),
-        _ => return false,
-    }
-    true
+fn status_from_str(s: &str) -> Result<TaskStatus> {
+    s.parse().map_err(|message: String| Error::Decode { column: 0, message })
 }
 
-fn status_from_sql(s: &str) -> rusqlite::Result<TaskStatus> {
-    s.parse().map_err(|e: String| {
-        rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, e.into())
-    })
-}
-
-fn task_from_row(row: &Row<'_>) -> rusqlite::Result<Task> {
-    let status = status_from_sql(&row.get::<_, String>(16)?)?;
-    let result: Option<String> = row.get(19)?;
-    let result = match result {
-        Some(text) => Some(serde_json::from_str(&text).map_err(|e| {
-            rusqlite::Error::FromSqlConversionFailure(19, rusqlite::types::Type::Text, e.into())
-        })?),
+fn task_from_row(row: &Row) -> Result<Task> {
+    let status = status_from_str(&row.get::<String>(16)?)?;
+    let result = match row.get::<Option<String>>(19)? {
+        Some(text) => Some(
+            serde_json::from_str(&text)
+                .map_err(|source| Error::Json { column: "result", source })?,
+        ),
         None => None,
     };
-    let json_col = |i: usize| -> rusqlite::Result<Option<serde_json::Value>> {
-        match row.get::<_, Option<String>>(i)? {
-            Some(text) => Ok(serde_json::from_str(&text).ok()),
-            None => Ok(None),
-        }
+    let json_col = |i: usize| -> Result<Option<serde_json::Value>> {
+        Ok(row.get::<Option<String>>(i)?.and_then(|text| serde_json::from_str(&text).ok()))
     };
     // The decision is shown only while it is pending; after the answer it waits for the claim
     // that delivers it.
@@ -115,6 +93,8 @@ fn task_from_row(row: &Row<'_>) -> rusqlite::Result<Task> {
         budget: Budget { max_cost_usd: row.get(34)?, max_tokens: row.get(35)? },
         budget_group: row.get(36)?,
         base_ref: row.get(37)?,
+        remote: row.get(43)?,
+        worker_host: row.get(44)?,
         started_from: row.get(38)?,
         stacked_on: json_col(39)?
             .and_then(|v| serde_json::from_value::<Vec<i64>>(v).ok())
@@ -125,7 +105,7 @@ fn task_from_row(row: &Row<'_>) -> rusqlite::Result<Task> {
         merged_into: row.get(40)?,
         merge_commit: row.get(41)?,
         dependents: Vec::new(),
-        parent: row.get::<_, Option<i64>>(42)?.map(TaskId),
+        parent: row.get::<Option<i64>>(42)?.map(TaskId),
         followups: Vec::new(),
         session_id: row.get(18)?,
         result,
@@ -142,11 +122,6 @@ fn task_from_row(row: &Row<'_>) -> rusqlite::Result<Task> {
         updated_at: row.get(30)?,
         not_before: row.get(31)?,
     })
-}
-
-/// Current time read inside the transaction, so that it is taken while the write lock is held.
-fn now(conn: &Connection) -> Result<f64> {
-    Ok(conn.prepare_cached("SELECT unixepoch('subsec')")?.query_row([], |r| r.get(0))?)
 }
 
 fn default_title(prompt: &str) -> String {
@@ -292,54 +267,32 @@ fn batch_cycle(specs: &[TaskSpec]) -> Option<Vec<String>> {
 }
 
 impl Store {
-    /// Opens (creating if needed, mode 0600) the database at `path` and brings its schema up to
-    /// date. The parent directory must exist.
+    /// Opens (creating if needed, mode 0600) the SQLite database at `path` and brings its schema
+    /// up to date. The parent directory must exist.
     pub fn open(path: impl AsRef<Path>) -> Result<Store> {
-        let path = path.as_ref().to_path_buf();
-        crate::home::create_private_file(&path)?;
-        let mut conn = Connection::open(&path).map_err(|e| Error::Open {
-            path: path.display().to_string(),
-            message: e.to_string(),
-        })?;
-        conn.busy_handler(Some(busy_handler))?;
-        // Two processes creating the database at once (a worker and a submit, say) can meet
-        // while one switches it to WAL; SQLite reports that as busy without asking the busy
-        // handler, so the set-up is retried here.
-        let mut tries = 0;
-        loop {
-            match prepare(&mut conn) {
-                Err(Error::Sqlite(e))
-                    if tries < 500
-                        && matches!(
-                            e.sqlite_error_code(),
-                            Some(
-                                rusqlite::ErrorCode::DatabaseBusy
-                                    | rusqlite::ErrorCode::DatabaseLocked
-                            )
-                        ) =>
-                {
-                    tries += 1;
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-                other => break other?,
-            }
-        }
-        let mut reader = Connection::open(&path).map_err(|e| Error::Open {
-            path: path.display().to_string(),
-            message: e.to_string(),
-        })?;
-        reader.busy_handler(Some(busy_handler))?;
-        reader.pragma_update(None, "query_only", "ON")?;
-        Ok(Store {
-            conn: Mutex::new(conn),
-            reader: Mutex::new(reader),
-            path,
-            listeners: Mutex::new(Vec::new()),
-        })
+        Store::connect(&Location::Sqlite(path.as_ref().to_path_buf()))
     }
 
-    pub fn path(&self) -> &Path {
-        &self.path
+    /// Opens the queue at `location` (a SQLite file or a PostgreSQL schema) and brings its
+    /// schema up to date.
+    pub fn connect(location: &Location) -> Result<Store> {
+        let backend = match location {
+            Location::Sqlite(path) => Backend::Sqlite(crate::sqlite::Db::open(path)?),
+            Location::Postgres(url) => Backend::Postgres(crate::pg::Db::open(url)?),
+        };
+        Ok(Store { backend, location: location.clone(), listeners: Mutex::new(Vec::new()) })
+    }
+
+    pub fn location(&self) -> &Location {
+        &self.location
+    }
+
+    /// The SQLite file, when that is the backend.
+    pub fn path(&self) -> Option<&Path> {
+        match &self.backend {
+            Backend::Sqlite(db) => Some(db.path()),
+            Backend::Postgres(_) => None,
+        }
     }
 
     /// Registers a callback run after every committed write made through this handle. Writers in
@@ -348,38 +301,23 @@ impl Store {
         self.listeners.lock().unwrap_or_else(|e| e.into_inner()).push(Arc::new(f));
     }
 
-    fn lock(&self) -> MutexGuard<'_, Connection> {
-        // A panic while holding the lock cannot leave a half-written transaction behind (it rolls
-        // back on drop), so a poisoned connection is still usable.
-        self.conn.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    pub(crate) fn write<T>(&self, f: impl FnOnce(&Transaction<'_>, f64) -> Result<T>) -> Result<T> {
+    pub(crate) fn write<T>(&self, f: impl FnMut(&mut dyn Tx, f64) -> Result<T>) -> Result<T> {
         self.write_with(Durability::Full, f)
     }
 
+    /// Runs `f` as one transaction with the database's time read inside it. On PostgreSQL `f`
+    /// may run more than once (after a lost connection or a deadlock, each rolled back), so it
+    /// must decide from what it reads, never from state of its own.
     fn write_with<T>(
         &self,
         durability: Durability,
-        f: impl FnOnce(&Transaction<'_>, f64) -> Result<T>,
+        mut f: impl FnMut(&mut dyn Tx, f64) -> Result<T>,
     ) -> Result<T> {
-        let (out, changed) = {
-            let mut conn = self.lock();
-            if durability == Durability::CrashSafe {
-                conn.pragma_update(None, "synchronous", "NORMAL")?;
-            }
-            let result = (|| -> Result<(T, bool)> {
-                let before = conn.total_changes();
-                let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-                let now = now(&tx)?;
-                let out = f(&tx, now)?;
-                tx.commit()?;
-                Ok((out, conn.total_changes() != before))
-            })();
-            if durability == Durability::CrashSafe {
-                conn.pragma_update(None, "synchronous", "FULL")?;
-            }
-            result?
+        let (out, changed) = match &self.backend {
+            Backend::Sqlite(db) => db.write(durability, &mut f)?,
+            // A claim is not made crash-safe-only here: the database server can crash without
+            // the workers, which would then run a task whose claim was lost.
+            Backend::Postgres(db) => db.write(&mut f)?,
         };
         // Only real changes wake listeners: a claim that found nothing must not wake the claim
         // loop that made it.
@@ -393,9 +331,18 @@ impl Store {
         Ok(out)
     }
 
-    pub(crate) fn read<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
-        let conn = self.reader.lock().unwrap_or_else(|e| e.into_inner());
-        f(&conn)
+    pub(crate) fn read<T>(&self, mut f: impl FnMut(&mut dyn Tx) -> Result<T>) -> Result<T> {
+        match &self.backend {
+            Backend::Sqlite(db) => db.read(&mut f),
+            Backend::Postgres(db) => db.read(&mut f),
+        }
+    }
+
+    fn exec_alone(&self, sql: &str, args: &[Arg]) -> Result<u64> {
+        match &self.backend {
+            Backend::Sqlite(db) => db.exec_alone(sql, args),
+            Backend::Postgres(db) => db.exec_alone(sql, args),
+        }
     }
 
     // ---- submit -------------------------------------------------------------------------------
@@ -448,47 +395,42 @@ impl Store {
         let ids = self.write(|tx, now| {
             let mut ids: Vec<(TaskId, bool)> = Vec::with_capacity(specs.len());
             let group: Option<i64> = if shared.is_set() {
-                tx.execute(
-                    "INSERT INTO budgets (max_cost_usd, max_tokens, created_at) VALUES (?1, ?2, ?3)",
-                    params![shared.max_cost_usd, shared.max_tokens, now],
-                )?;
-                Some(tx.last_insert_rowid())
+                Some(
+                    tx.query_one(
+                        "INSERT INTO budgets (max_cost_usd, max_tokens, created_at)
+                         VALUES (?1, ?2, ?3) RETURNING id",
+                        args![shared.max_cost_usd, shared.max_tokens, now],
+                    )?
+                    .get(0)?,
+                )
             } else {
                 None
             };
             for spec in &specs {
-                if let Some(key) = &spec.request_id {
-                    let existing: Option<i64> = tx
-                        .query_row("SELECT id FROM tasks WHERE request_id = ?1", [key], |r| {
-                            r.get(0)
-                        })
-                        .optional()?;
-                    if let Some(id) = existing {
-                        ids.push((TaskId(id), false));
-                        continue;
-                    }
-                }
                 let title = spec
                     .title
                     .clone()
                     .filter(|t| !t.trim().is_empty())
                     .unwrap_or_else(|| default_title(&spec.prompt));
-                tx.execute(
+                // A request id seen before gives the first task back. ON CONFLICT makes a
+                // concurrent duplicate wait for the first one's commit instead of failing.
+                let inserted = tx.query_opt(
                     "INSERT INTO tasks (title, prompt, repo, base, priority, model, agent, readonly,
                         no_network, no_shell, worktree_keep, max_attempts, timeout_s,
                         question_timeout_s, request_id, status, created_at, updated_at,
                         ask_rules, max_cost_usd, max_tokens, budget_group, base_ref, parent,
-                        session_id)
+                        session_id, remote)
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15,
-                        'queued', ?16, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23)",
-                    params![
+                        'queued', ?16, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24)
+                     ON CONFLICT (request_id) DO NOTHING RETURNING id",
+                    args![
                         title,
-                        spec.prompt,
-                        spec.repo,
-                        spec.base,
+                        &spec.prompt,
+                        &spec.repo,
+                        &spec.base,
                         spec.priority,
-                        spec.model,
-                        spec.agent,
+                        &spec.model,
+                        &spec.agent,
                         spec.readonly,
                         spec.no_network,
                         spec.no_shell,
@@ -496,19 +438,29 @@ impl Store {
                         spec.max_attempts,
                         spec.timeout_s,
                         spec.question_timeout_s,
-                        spec.request_id,
+                        &spec.request_id,
                         now,
                         (!spec.ask.is_empty())
                             .then(|| serde_json::Value::from(spec.ask.clone()).to_string()),
                         spec.budget.max_cost_usd,
                         spec.budget.max_tokens,
                         group,
-                        spec.base_ref,
+                        &spec.base_ref,
                         spec.parent.map(|p| p.0),
-                        spec.session_id,
+                        &spec.session_id,
+                        &spec.remote,
                     ],
                 )?;
-                ids.push((TaskId(tx.last_insert_rowid()), true));
+                match inserted {
+                    Some(row) => ids.push((TaskId(row.get(0)?), true)),
+                    None => {
+                        let key = spec.request_id.clone();
+                        let id: i64 = tx
+                            .query_one("SELECT id FROM tasks WHERE request_id = ?1", args![key])?
+                            .get(0)?;
+                        ids.push((TaskId(id), false));
+                    }
+                }
             }
             for (spec, &(id, created)) in specs.iter().zip(&ids) {
                 if !created {
@@ -522,11 +474,15 @@ impl Store {
                     if dep_id == id {
                         return Err(Error::DependencyCycle(vec![id.to_string(), id.to_string()]));
                     }
+                    // Locked, so that the dependency cannot fail between this check and the
+                    // new edge (its failure would not reach a task it cannot see yet).
                     let status: Option<String> = tx
-                        .query_row("SELECT status FROM tasks WHERE id = ?1", [dep_id.0], |r| {
-                            r.get(0)
-                        })
-                        .optional()?;
+                        .query_opt(
+                            "SELECT status FROM tasks WHERE id = ?1 FOR UPDATE",
+                            args![dep_id.0],
+                        )?
+                        .map(|r| r.get(0))
+                        .transpose()?;
                     match status.as_deref() {
                         None => {
                             return Err(Error::invalid(
@@ -546,16 +502,17 @@ impl Store {
                         }
                         Some(_) => {}
                     }
-                    tx.execute(
-                        "INSERT OR IGNORE INTO task_deps (task_id, depends_on) VALUES (?1, ?2)",
-                        [id.0, dep_id.0],
+                    tx.exec(
+                        "INSERT INTO task_deps (task_id, depends_on) VALUES (?1, ?2)
+                         ON CONFLICT DO NOTHING",
+                        args![id.0, dep_id.0],
                     )?;
                 }
             }
             Ok(ids)
         })?;
         self.read(|conn| {
-            ids.into_iter().map(|(id, created)| Ok((load_task(conn, id)?, created))).collect()
+            ids.iter().map(|&(id, created)| Ok((load_task(conn, id)?, created))).collect()
         })
     }
 
@@ -569,11 +526,11 @@ impl Store {
     pub fn list(&self, filter: &ListFilter) -> Result<Vec<Task>> {
         self.read(|conn| {
             let mut sql = format!("SELECT {TASK_COLUMNS} FROM tasks t WHERE 1=1");
-            let mut args: Vec<rusqlite::types::Value> = Vec::new();
+            let mut params: Vec<Arg> = Vec::new();
             match filter.status {
                 Some(StatusFilter::Is(s)) => {
-                    sql.push_str(" AND status = ?");
-                    args.push(s.as_str().to_owned().into());
+                    params.push(s.as_str().into());
+                    sql.push_str(&format!(" AND status = ?{}", params.len()));
                 }
                 Some(StatusFilter::Blocked) => sql.push_str(
                     " AND status = 'queued' AND EXISTS (SELECT 1 FROM task_deps d JOIN tasks p
@@ -582,17 +539,19 @@ impl Store {
                 None => {}
             }
             if let Some(repo) = &filter.repo {
-                sql.push_str(" AND repo = ?");
-                args.push(repo.clone().into());
+                params.push(repo.into());
+                sql.push_str(&format!(" AND repo = ?{}", params.len()));
             }
-            sql.push_str(" ORDER BY id DESC LIMIT ? OFFSET ?");
-            args.push((filter.limit.map_or(-1, |l| l as i64)).into());
-            args.push((filter.offset as i64).into());
-            let mut stmt = conn.prepare(&sql)?;
-            let rows = stmt.query_map(rusqlite::params_from_iter(args), task_from_row)?;
+            params.push(filter.limit.map_or(i64::MAX, |l| l as i64).into());
+            params.push((filter.offset as i64).into());
+            sql.push_str(&format!(
+                " ORDER BY id DESC LIMIT ?{} OFFSET ?{}",
+                params.len() - 1,
+                params.len()
+            ));
             let mut tasks = Vec::new();
-            for row in rows {
-                let mut task = row?;
+            for row in conn.query(&sql, &params)? {
+                let mut task = task_from_row(&row)?;
                 fill_relations(conn, &mut task)?;
                 tasks.push(task);
             }
@@ -611,11 +570,11 @@ impl Store {
                         CASE WHEN t.status = 'waiting' THEN t.ask END
                    FROM tasks t",
             );
-            let mut args: Vec<String> = Vec::new();
+            let mut params: Vec<Arg> = Vec::new();
             match status {
                 Some(StatusFilter::Is(s)) => {
                     sql.push_str(" WHERE t.status = ?1");
-                    args.push(s.as_str().to_owned());
+                    params.push(s.as_str().into());
                 }
                 Some(StatusFilter::Blocked) => sql.push_str(
                     " WHERE t.status = 'queued' AND EXISTS (SELECT 1 FROM task_deps d JOIN tasks p
@@ -624,29 +583,29 @@ impl Store {
                 None => {}
             }
             sql.push_str(" ORDER BY t.id DESC");
-            let mut stmt = conn.prepare(&sql)?;
-            let rows = stmt.query_map(rusqlite::params_from_iter(args), |r| {
-                let waiting: Option<String> = r.get(11)?;
-                Ok(TaskRow {
-                    id: TaskId(r.get(0)?),
-                    title: r.get(1)?,
-                    status: status_from_sql(&r.get::<_, String>(2)?)?,
-                    priority: r.get(3)?,
-                    repo: r.get(4)?,
-                    attempts: r.get(5)?,
-                    max_attempts: r.get(6)?,
-                    created_at: r.get(7)?,
-                    started_at: r.get(8)?,
-                    finished_at: r.get(9)?,
-                    question: r.get(10)?,
-                    waiting_on: id_list(waiting),
-                    ask: r
-                        .get::<_, Option<String>>(12)?
-                        .and_then(|a| serde_json::from_str(&a).ok())
-                        .map(Box::new),
+            conn.query(&sql, &params)?
+                .iter()
+                .map(|r| {
+                    Ok(TaskRow {
+                        id: TaskId(r.get(0)?),
+                        title: r.get(1)?,
+                        status: status_from_str(&r.get::<String>(2)?)?,
+                        priority: r.get(3)?,
+                        repo: r.get(4)?,
+                        attempts: r.get(5)?,
+                        max_attempts: r.get(6)?,
+                        created_at: r.get(7)?,
+                        started_at: r.get(8)?,
+                        finished_at: r.get(9)?,
+                        question: r.get(10)?,
+                        waiting_on: id_list(r.get(11)?),
+                        ask: r
+                            .get::<Option<String>>(12)?
+                            .and_then(|a| serde_json::from_str(&a).ok())
+                            .map(Box::new),
+                    })
                 })
-            })?;
-            Ok(rows.collect::<Result<Vec<_>, _>>()?)
+                .collect()
         })
     }
 
@@ -656,44 +615,45 @@ impl Store {
             let mut counts: BTreeMap<String, i64> =
                 TaskStatus::ALL.iter().map(|s| (s.as_str().to_owned(), 0)).collect();
             counts.insert("blocked".into(), 0);
-            let mut stmt = conn.prepare("SELECT status, count(*) FROM tasks GROUP BY status")?;
             let mut total = 0;
-            for row in stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))? {
-                let (s, n) = row?;
+            for row in conn.query("SELECT status, count(*) FROM tasks GROUP BY status", &[])? {
+                let (s, n): (String, i64) = (row.get(0)?, row.get(1)?);
                 total += n;
                 counts.insert(s, n);
             }
-            let blocked: i64 = conn.query_row(
-                "SELECT count(*) FROM tasks t WHERE status = 'queued' AND EXISTS (SELECT 1 FROM
-                   task_deps d JOIN tasks p ON p.id = d.depends_on
-                   WHERE d.task_id = t.id AND p.status != 'done')",
-                [],
-                |r| r.get(0),
-            )?;
+            let blocked: i64 = conn
+                .query_one(
+                    "SELECT count(*) FROM tasks t WHERE status = 'queued' AND EXISTS (SELECT 1 FROM
+                       task_deps d JOIN tasks p ON p.id = d.depends_on
+                       WHERE d.task_id = t.id AND p.status != 'done')",
+                    &[],
+                )?
+                .get(0)?;
             counts.insert("blocked".into(), blocked);
             if let Some(q) = counts.get_mut("queued") {
                 *q -= blocked;
             }
-            let oldest_queued_age_s: Option<f64> = conn.query_row(
-                "SELECT unixepoch('subsec') - min(created_at) FROM tasks WHERE status = 'queued'",
-                [],
-                |r| r.get(0),
-            )?;
+            let oldest_queued_age_s: Option<f64> = conn
+                .query_one(
+                    "SELECT unixepoch('subsec') - min(created_at) FROM tasks
+                      WHERE status = 'queued'",
+                    &[],
+                )?
+                .get(0)?;
             let default_model = get_setting(conn, "default_model")?;
             let mut spend_today = Spend::default();
-            let mut stmt = conn.prepare(
+            for row in conn.query(
                 "SELECT status, coalesce(sum(json_extract(result, '$.usage.cost_usd')), 0.0),
-                        coalesce(sum(json_extract(result, '$.usage.input_tokens')
-                          + json_extract(result, '$.usage.output_tokens')), 0)
+                        CAST(coalesce(sum(json_extract(result, '$.usage.input_tokens')
+                          + json_extract(result, '$.usage.output_tokens')), 0) AS BIGINT)
                    FROM tasks
                   WHERE result IS NOT NULL
                     AND updated_at >= unixepoch('now', 'localtime', 'start of day', 'utc')
                   GROUP BY status",
-            )?;
-            for row in stmt.query_map([], |r| {
-                Ok((r.get::<_, String>(0)?, r.get::<_, f64>(1)?, r.get::<_, i64>(2)?))
-            })? {
-                let (status, cost, tokens) = row?;
+                &[],
+            )? {
+                let (status, cost, tokens): (String, f64, i64) =
+                    (row.get(0)?, row.get(1)?, row.get(2)?);
                 spend_today.cost_usd += cost;
                 spend_today.tokens += tokens;
                 spend_today.cost_usd_by_status.insert(status, cost);
@@ -703,7 +663,7 @@ impl Store {
                 counts,
                 total,
                 oldest_queued_age_s,
-                workers,
+                workers: workers.clone(),
                 workers_alive,
                 default_model,
                 spend_today,
@@ -715,57 +675,89 @@ impl Store {
 
     /// Claims the next runnable task for `worker`: among queued tasks whose dependencies are all
     /// `done` and whose retry delay has passed, the highest priority, then the oldest (lowest
-    /// id). The lease and the new fencing token are computed inside the same transaction.
+    /// id). The lease and the new fencing token are computed inside the same transaction, from
+    /// the database's clock.
     ///
-    /// The claim is committed crash-safe but not power-safe (WAL with `synchronous=NORMAL`): it
-    /// survives any process dying, and a claim lost to a power cut only leaves the task queued,
-    /// to be claimed again, which is what must happen anyway since its agent died with the
-    /// machine. That halves the fsyncs on the busiest path; everything else stays `FULL`.
+    /// On SQLite the claim is committed crash-safe but not power-safe (WAL with
+    /// `synchronous=NORMAL`): it survives any process dying, and a claim lost to a power cut
+    /// only leaves the task queued, to be claimed again, which is what must happen anyway since
+    /// its agent died with the machine. That halves the fsyncs on the busiest path; everything
+    /// else stays `FULL`.
     pub fn claim_next(&self, worker: &str, host: &str, lease: Duration) -> Result<Option<Claim>> {
-        let claimed = self.write_with(Durability::CrashSafe, |tx, now| {
-            // Prepared once per connection: the statement runs while the write lock is held.
+        // What a claim sets, and which tasks it may take, the same on both backends. A task
+        // whose agent is blocked on a decision in another live worker's server is that
+        // worker's to resume: only it can answer the blocked request.
+        const SET: &str = "status = 'running', worker = ?1, worker_host = ?2,
+            lease_token = lease_token + 1, lease_until = ?3 + ?4,
+            attempts = attempts + CASE WHEN pending_answer IS NULL THEN 1 ELSE 0 END,
+            started_at = coalesce(started_at, ?3), updated_at = ?3,
+            agent_pid = NULL, agent_started = NULL, cancel_requested = 0,
+            not_before = NULL, parked_worker = NULL";
+        const RUNNABLE: &str = "t.status = 'queued'
+            AND (t.not_before IS NULL OR t.not_before <= ?3)
+            AND NOT EXISTS (SELECT 1 FROM task_deps d JOIN tasks p
+                 ON p.id = d.depends_on WHERE d.task_id = t.id AND p.status != 'done')
+            AND (t.parked_worker IS NULL OR t.parked_worker = ?1
+                 OR NOT EXISTS (SELECT 1 FROM workers w WHERE w.id = t.parked_worker
+                     AND w.stopped_at IS NULL AND w.heartbeat_at > ?3 - ?5))";
+        static SQLITE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
             // INDEXED BY: left to itself the planner takes the status index and sorts every
             // queued task on each claim (2 ms at 2,000 queued); the partial index walks them in
             // claim order and stops at the first runnable one (0.4 ms).
-            // A task whose agent is blocked on a decision in another live worker's server is
-            // that worker's to resume: only it can answer the blocked request.
-            let row: ClaimedRow = tx
-                .prepare_cached(
-                    "UPDATE tasks SET status = 'running', worker = ?1, worker_host = ?2,
-                        lease_token = lease_token + 1, lease_until = ?3 + ?4,
-                        attempts = attempts + (pending_answer IS NULL),
-                        started_at = coalesce(started_at, ?3), updated_at = ?3,
-                        agent_pid = NULL, agent_started = NULL, cancel_requested = 0,
-                        not_before = NULL, parked_worker = NULL
-                     WHERE id = (
-                        SELECT t.id FROM tasks t INDEXED BY tasks_claim
-                         WHERE t.status = 'queued'
-                           AND (t.not_before IS NULL OR t.not_before <= ?3)
-                           AND NOT EXISTS (SELECT 1 FROM task_deps d JOIN tasks p
-                                ON p.id = d.depends_on WHERE d.task_id = t.id AND p.status != 'done')
-                           AND (t.parked_worker IS NULL OR t.parked_worker = ?1
-                                OR NOT EXISTS (SELECT 1 FROM workers w WHERE w.id = t.parked_worker
-                                    AND w.stopped_at IS NULL AND w.heartbeat_at > ?3 - ?5))
-                         ORDER BY t.priority DESC, t.id ASC LIMIT 1)
-                     RETURNING id, lease_token, session_id, pending_answer, ask",
-                )?
-                .query_row(
-                    params![worker, host, now, lease.as_secs_f64(), WORKER_STALE_AFTER_S],
-                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
-                )
-                .optional()?;
-            let Some((id, token, session, answer, ask)) = row else { return Ok(None) };
-            let mut stmt = tx.prepare_cached(
-                "UPDATE task_notes SET delivered = 1 WHERE task_id = ?1 AND delivered = 0
-                 RETURNING note",
+            format!(
+                "UPDATE tasks SET {SET} WHERE id = (
+                    SELECT t.id FROM tasks t INDEXED BY tasks_claim WHERE {RUNNABLE}
+                     ORDER BY t.priority DESC, t.id ASC LIMIT 1)
+                 RETURNING id, lease_token, session_id, pending_answer, ask"
+            )
+        });
+        static POSTGRES: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+            // SKIP LOCKED: concurrent claimers pass over each other's rows instead of queueing
+            // on them. MATERIALIZED keeps the planner from folding the CTE into a join that
+            // locks more rows than the one it returns.
+            // The clock is read in the statement, after its snapshot: a lease taken over from
+            // a reaped task then starts after the reaper saw the old one end (the
+            // transaction's own time, read before, could be earlier than that).
+            format!(
+                "WITH clock AS MATERIALIZED (
+                    SELECT extract(epoch from clock_timestamp())::float8 AS now),
+                 next AS MATERIALIZED (
+                    SELECT t.id FROM tasks t, clock WHERE {RUNNABLE}
+                     ORDER BY t.priority DESC, t.id ASC LIMIT 1 FOR UPDATE OF t SKIP LOCKED)
+                 UPDATE tasks SET {SET} FROM next, clock WHERE tasks.id = next.id
+                 RETURNING tasks.id, tasks.lease_token, tasks.session_id,
+                    tasks.pending_answer, tasks.ask",
+                RUNNABLE = RUNNABLE.replace("?3", "clock.now"),
+                SET = SET.replace("?3", "clock.now"),
+            )
+        });
+        let claimed = self.write_with(Durability::CrashSafe, |tx, now| {
+            let sql = match tx.dialect() {
+                Dialect::Sqlite => SQLITE.as_str(),
+                Dialect::Postgres => POSTGRES.as_str(),
+            };
+            let row = tx.query_opt(
+                sql,
+                args![worker, host, now, lease.as_secs_f64(), WORKER_STALE_AFTER_S],
             )?;
-            let new_notes =
-                stmt.query_map([id], |r| r.get::<_, String>(0))?.collect::<Result<Vec<_>, _>>()?;
+            let Some(row) = row else { return Ok(None) };
+            let (id, token): (i64, i64) = (row.get(0)?, row.get(1)?);
+            let (session, answer, ask): (Option<String>, Option<String>, Option<String>) =
+                (row.get(2)?, row.get(3)?, row.get(4)?);
+            let new_notes = tx
+                .query(
+                    "UPDATE task_notes SET delivered = 1 WHERE task_id = ?1 AND delivered = 0
+                     RETURNING note",
+                    args![id],
+                )?
+                .iter()
+                .map(|r| r.get::<String>(0))
+                .collect::<Result<Vec<_>>>()?;
             let resume = match (session, answer) {
                 (Some(session_id), Some(answer)) => Some(Resume {
                     session_id,
                     answer,
-                    ask: ask.and_then(|a: String| serde_json::from_str(&a).ok()),
+                    ask: ask.and_then(|a| serde_json::from_str(&a).ok()),
                 }),
                 _ => None,
             };
@@ -779,25 +771,26 @@ impl Store {
     /// Extends the lease of a running task. Fails with [`Error::StaleLease`] when the token no
     /// longer matches: the caller must stop the run, another worker may own the task now.
     pub fn heartbeat(&self, id: TaskId, token: i64, lease: Duration) -> Result<HeartbeatReply> {
-        let mut conn = self.lock();
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let now = now(&tx)?;
-        let reply: Option<HeartbeatReply> = tx
-            .query_row(
+        let reply = self.write(|tx, now| {
+            tx.query_opt(
                 "UPDATE tasks SET lease_until = ?1 + ?2 WHERE id = ?3 AND lease_token = ?4
                    AND status = 'running' RETURNING cancel_requested, lease_until",
-                params![now, lease.as_secs_f64(), id.0, token],
-                |r| Ok(HeartbeatReply { cancel_requested: r.get(0)?, lease_until: r.get(1)? }),
-            )
-            .optional()?;
-        tx.commit()?;
+                args![now, lease.as_secs_f64(), id.0, token],
+            )?
+            .map(|r| Ok(HeartbeatReply { cancel_requested: r.get(0)?, lease_until: r.get(1)? }))
+            .transpose()
+        })?;
         reply.ok_or(Error::StaleLease { id, token })
     }
 
     /// Records facts about the current run (agent process, session, branch) under the lease.
     pub fn record_run(&self, id: TaskId, token: i64, facts: RunFacts) -> Result<()> {
+        let result = facts.result.as_ref().map(|v| v.to_string());
+        let stacked_on = facts.stacked_on.as_ref().map(|ids| {
+            serde_json::Value::from(ids.iter().map(|i| i.0).collect::<Vec<_>>()).to_string()
+        });
         self.write(|tx, now| {
-            let n = tx.execute(
+            let n = tx.exec(
                 "UPDATE tasks SET agent_pid = coalesce(?1, agent_pid),
                     agent_started = coalesce(?2, agent_started),
                     session_id = coalesce(?3, session_id), branch = coalesce(?4, branch),
@@ -805,21 +798,18 @@ impl Store {
                     started_from = coalesce(?10, started_from),
                     stacked_on = coalesce(?11, stacked_on), updated_at = ?6
                  WHERE id = ?7 AND lease_token = ?8 AND status = 'running'",
-                params![
+                args![
                     facts.agent_pid,
-                    facts.agent_started,
-                    facts.session_id,
-                    facts.branch,
-                    facts.worktree,
+                    &facts.agent_started,
+                    &facts.session_id,
+                    &facts.branch,
+                    &facts.worktree,
                     now,
                     id.0,
                     token,
-                    facts.result.map(|v| v.to_string()),
-                    facts.started_from,
-                    facts.stacked_on.map(|ids| serde_json::Value::from(
-                        ids.iter().map(|i| i.0).collect::<Vec<_>>()
-                    )
-                    .to_string()),
+                    &result,
+                    &facts.started_from,
+                    &stacked_on,
                 ],
             )?;
             if n == 0 { Err(Error::StaleLease { id, token }) } else { Ok(()) }
@@ -829,85 +819,89 @@ impl Store {
     /// Ends a run. Rejected with [`Error::StaleLease`] unless `token` is the current one and the
     /// task is still running: a worker that lost its lease cannot overwrite the next run's work.
     pub fn finish(&self, id: TaskId, token: i64, outcome: Outcome) -> Result<Task> {
+        let json = |v: &Option<serde_json::Value>| v.as_ref().map(|v| v.to_string());
+        let waiting_ask = match &outcome {
+            Outcome::Waiting { ask: Some(a), .. } => Some(
+                serde_json::to_string(a).map_err(|source| Error::Json { column: "ask", source })?,
+            ),
+            _ => None,
+        };
         self.write(|tx, now| {
-            let row: Option<(i64, i64)> = tx
-                .query_row(
-                    "SELECT attempts, max_attempts FROM tasks
-                      WHERE id = ?1 AND lease_token = ?2 AND status = 'running'",
-                    params![id.0, token],
-                    |r| Ok((r.get(0)?, r.get(1)?)),
-                )
-                .optional()?;
-            let Some((attempts, max_attempts)) = row else {
+            let row = tx.query_opt(
+                "SELECT attempts, max_attempts FROM tasks
+                  WHERE id = ?1 AND lease_token = ?2 AND status = 'running' FOR UPDATE",
+                args![id.0, token],
+            )?;
+            let Some(row) = row else {
                 return Err(Error::StaleLease { id, token });
             };
-            let json = |v: &Option<serde_json::Value>| v.as_ref().map(|v| v.to_string());
-            // Fields every end of a run clears.
+            let (attempts, max_attempts): (i64, i64) = (row.get(0)?, row.get(1)?);
+            // Fields every end of a run clears (a wait then sets the decision and who holds it;
+            // PostgreSQL refuses a column assigned twice, SQLite would take the last).
+            const END_RUN_KEEPING_ASK: &str = "lease_until = NULL, pending_answer = NULL, \
+                cancel_requested = 0, agent_pid = NULL, agent_started = NULL";
             const END_RUN: &str = "lease_until = NULL, pending_answer = NULL, \
                 cancel_requested = 0, agent_pid = NULL, agent_started = NULL, ask = NULL, \
                 parked_worker = NULL";
-            match outcome {
+            match &outcome {
                 Outcome::Done { result } => {
-                    tx.execute(
+                    tx.exec(
                         &format!(
                             "UPDATE tasks SET status = 'done', result = ?1, error = NULL,
                                question = NULL, finished_at = ?2, updated_at = ?2, {END_RUN}
                              WHERE id = ?3"
                         ),
-                        params![result.to_string(), now, id.0],
+                        args![result.to_string(), now, id.0],
                     )?;
                 }
                 Outcome::Failed { error, result, backoff_s } if attempts < max_attempts => {
                     // A run that was delivering an answer keeps it, so the next attempt still
                     // delivers it; that attempt is counted here, since a resuming claim does
                     // not count one.
-                    tx.execute(
+                    tx.exec(
                         "UPDATE tasks SET status = 'queued', result = ?1, error = ?2,
                            worker = NULL, not_before = ?3 + ?4, updated_at = ?3,
-                           attempts = attempts + (pending_answer IS NOT NULL),
+                           attempts = attempts + CASE WHEN pending_answer IS NULL THEN 0 ELSE 1 END,
                            lease_until = NULL, cancel_requested = 0, agent_pid = NULL,
                            agent_started = NULL, parked_worker = NULL
                          WHERE id = ?5",
-                        params![json(&result), error, now, backoff_s.max(0.0), id.0],
+                        args![json(result), error, now, backoff_s.max(0.0), id.0],
                     )?;
                 }
                 Outcome::Failed { error, result, .. }
                 | Outcome::FailedPermanently { error, result } => {
-                    end_terminal(tx, now, id, TaskStatus::Failed, Some(&error), json(&result))?;
+                    end_terminal(tx, now, id, TaskStatus::Failed, Some(error), json(result))?;
                 }
                 Outcome::Released => {
-                    tx.execute(
+                    tx.exec(
                         "UPDATE tasks SET status = 'queued', worker = NULL, lease_until = NULL,
-                           attempts = max(attempts - (pending_answer IS NULL), 0),
+                           attempts = CASE WHEN pending_answer IS NULL AND attempts > 0
+                                THEN attempts - 1 ELSE attempts END,
                            cancel_requested = 0, agent_pid = NULL, agent_started = NULL,
                            updated_at = ?1
                          WHERE id = ?2",
-                        params![now, id.0],
+                        args![now, id.0],
                     )?;
                 }
                 Outcome::Cancelled { result } => {
-                    end_terminal(tx, now, id, TaskStatus::Cancelled, None, json(&result))?;
+                    end_terminal(tx, now, id, TaskStatus::Cancelled, None, json(result))?;
                 }
                 Outcome::Waiting { question, session_id, result, ask } => {
                     let parked = ask.as_ref().is_some_and(|a| a.request_id.is_some());
-                    let ask = ask
-                        .map(|a| serde_json::to_string(&a))
-                        .transpose()
-                        .map_err(|source| Error::Json { column: "ask", source })?;
-                    tx.execute(
+                    tx.exec(
                         &format!(
                             "UPDATE tasks SET status = 'waiting', question = ?1, session_id = ?2,
                                asked_at = ?3, result = coalesce(?4, result), updated_at = ?3,
-                               {END_RUN}, ask = ?6,
-                               parked_worker = CASE WHEN ?7 THEN worker ELSE NULL END
+                               {END_RUN_KEEPING_ASK}, ask = ?6,
+                               parked_worker = CASE WHEN ?7 = 1 THEN worker ELSE NULL END
                              WHERE id = ?5"
                         ),
-                        params![question, session_id, now, json(&result), id.0, ask, parked],
+                        args![question, session_id, now, json(result), id.0, &waiting_ask, parked],
                     )?;
-                    tx.execute(
+                    tx.exec(
                         "INSERT INTO task_questions (task_id, question, asked_at, ask)
                          VALUES (?1, ?2, ?3, ?4)",
-                        params![id.0, question, now, ask],
+                        args![id.0, question, now, &waiting_ask],
                     )?;
                 }
             }
@@ -920,49 +914,47 @@ impl Store {
     /// reaped so the caller can kill orphaned agents that run on its host.
     pub fn reap_expired(&self) -> Result<Vec<Reaped>> {
         self.write(|tx, now| {
-            let mut stmt = tx.prepare(
+            // Locked: reapers on several hosts must not both requeue (and count) one task.
+            let expired = tx.query(
                 "SELECT id, attempts, max_attempts, agent_pid, agent_started, worker_host
-                   FROM tasks WHERE status = 'running' AND lease_until < ?1",
+                   FROM tasks WHERE status = 'running' AND lease_until < ?1 FOR UPDATE",
+                args![now],
             )?;
-            let expired = stmt
-                .query_map([now], |r| {
-                    Ok((
-                        TaskId(r.get(0)?),
-                        r.get::<_, i64>(1)?,
-                        r.get::<_, i64>(2)?,
-                        r.get(3)?,
-                        r.get(4)?,
-                        r.get(5)?,
-                    ))
-                })?
-                .collect::<Result<Vec<_>, _>>()?;
             let mut reaped = Vec::new();
-            for (id, attempts, max_attempts, agent_pid, agent_started, worker_host) in expired {
+            for row in expired {
+                let id = TaskId(row.get(0)?);
+                let (attempts, max_attempts): (i64, i64) = (row.get(1)?, row.get(2)?);
                 let requeued = attempts < max_attempts;
                 let error = "the worker running this task stopped responding (its lease expired)";
                 if requeued {
-                    tx.execute(
+                    tx.exec(
                         "UPDATE tasks SET status = 'queued', worker = NULL, lease_until = NULL,
                            error = ?1, updated_at = ?2 WHERE id = ?3",
-                        params![format!("{error}; requeued"), now, id.0],
+                        args![format!("{error}; requeued"), now, id.0],
                     )?;
                 } else {
                     let msg =
                         format!("{error} and no attempts are left ({attempts} of {max_attempts})");
                     end_terminal(tx, now, id, TaskStatus::Failed, Some(&msg), None)?;
                 }
-                reaped.push(Reaped { id, requeued, agent_pid, agent_started, worker_host });
+                reaped.push(Reaped {
+                    id,
+                    requeued,
+                    agent_pid: row.get(3)?,
+                    agent_started: row.get(4)?,
+                    worker_host: row.get(5)?,
+                });
             }
-            let mut stmt = tx.prepare(
+            let timed_out = tx.query(
                 "SELECT id, question_timeout_s FROM tasks WHERE status = 'waiting'
-                   AND question_timeout_s IS NOT NULL AND asked_at + question_timeout_s < ?1",
+                   AND question_timeout_s IS NOT NULL AND asked_at + question_timeout_s < ?1
+                   FOR UPDATE",
+                args![now],
             )?;
-            let timed_out = stmt
-                .query_map([now], |r| Ok((TaskId(r.get(0)?), r.get::<_, i64>(1)?)))?
-                .collect::<Result<Vec<_>, _>>()?;
-            for (id, secs) in timed_out {
+            for row in timed_out {
+                let (id, secs): (i64, i64) = (row.get(0)?, row.get(1)?);
                 let msg = format!("the question was not answered within {secs} s");
-                end_terminal(tx, now, id, TaskStatus::Failed, Some(&msg), None)?;
+                end_terminal(tx, now, TaskId(id), TaskStatus::Failed, Some(&msg), None)?;
             }
             Ok(reaped)
         })
@@ -980,9 +972,9 @@ impl Store {
                     end_terminal(tx, now, id, TaskStatus::Cancelled, None, None)?;
                 }
                 TaskStatus::Running => {
-                    tx.execute(
+                    tx.exec(
                         "UPDATE tasks SET cancel_requested = 1, updated_at = ?1 WHERE id = ?2",
-                        params![now, id.0],
+                        args![now, id.0],
                     )?;
                 }
                 from => {
@@ -1011,15 +1003,13 @@ impl Store {
                     allowed: "failed or cancelled",
                 });
             }
-            let dead_dep: Option<(i64, String)> = tx
-                .query_row(
-                    "SELECT p.id, p.status FROM task_deps d JOIN tasks p ON p.id = d.depends_on
-                      WHERE d.task_id = ?1 AND p.status IN ('failed', 'cancelled') LIMIT 1",
-                    [id.0],
-                    |r| Ok((r.get(0)?, r.get(1)?)),
-                )
-                .optional()?;
-            if let Some((dep, status)) = dead_dep {
+            let dead_dep = tx.query_opt(
+                "SELECT p.id, p.status FROM task_deps d JOIN tasks p ON p.id = d.depends_on
+                  WHERE d.task_id = ?1 AND p.status IN ('failed', 'cancelled') LIMIT 1",
+                args![id.0],
+            )?;
+            if let Some(row) = dead_dep {
+                let (dep, status): (i64, String) = (row.get(0)?, row.get(1)?);
                 return Err(Error::invalid(
                     "task_id",
                     format!(
@@ -1031,19 +1021,19 @@ impl Store {
             }
             let mut stack = vec![id];
             while let Some(t) = stack.pop() {
-                tx.execute(
+                tx.exec(
                     "UPDATE tasks SET status = 'queued', attempts = 0, error = NULL,
                        not_before = NULL, finished_at = NULL, cancel_requested = 0,
                        question = NULL, session_id = NULL, pending_answer = NULL, worker = NULL,
                        failed_dependency = NULL, ask = NULL, parked_worker = NULL,
                        updated_at = ?1 WHERE id = ?2",
-                    params![now, t.0],
+                    args![now, t.0],
                 )?;
-                let mut stmt = tx.prepare(
+                for row in tx.query(
                     "SELECT id FROM tasks WHERE status = 'failed' AND failed_dependency = ?1",
-                )?;
-                for dep in stmt.query_map([t.0], |r| r.get(0))? {
-                    stack.push(TaskId(dep?));
+                    args![t.0],
+                )? {
+                    stack.push(TaskId(row.get(0)?));
                 }
             }
             load_task(tx, id)
@@ -1076,18 +1066,17 @@ impl Store {
                 });
             }
             let ask: Option<Ask> = tx
-                .query_row("SELECT ask FROM tasks WHERE id = ?1", [id.0], |r| {
-                    r.get::<_, Option<String>>(0)
-                })?
+                .query_one("SELECT ask FROM tasks WHERE id = ?1", args![id.0])?
+                .get::<Option<String>>(0)?
                 .and_then(|a| serde_json::from_str(&a).ok());
             let parsed = match &ask {
                 Some(a) => Some(a.parse_answer(answer).map_err(|e| Error::invalid("answer", e))?),
                 None => None,
             };
-            tx.execute(
+            tx.exec(
                 "UPDATE task_questions SET answer = ?1, answered_at = ?2, answered_by = ?4
                   WHERE id = (SELECT max(id) FROM task_questions WHERE task_id = ?3)",
-                params![answer.trim(), now, id.0, by],
+                args![answer.trim(), now, id.0, by],
             )?;
             if let (Some(a), Some(p)) = (&ask, &parsed)
                 && let Some(b) = &a.budget
@@ -1111,17 +1100,20 @@ impl Store {
                         "batch" => ("budgets", "(SELECT budget_group FROM tasks WHERE id = ?2)"),
                         _ => ("tasks", "?2"),
                     };
-                    let column = if b.limit == "cost" { "max_cost_usd" } else { "max_tokens" };
-                    tx.execute(
-                        &format!("UPDATE {table} SET {column} = ?1 WHERE id = {key}"),
-                        params![max, id.0],
-                    )?;
+                    let sql = if b.limit == "cost" {
+                        format!("UPDATE {table} SET max_cost_usd = ?1 WHERE id = {key}")
+                    } else {
+                        format!(
+                            "UPDATE {table} SET max_tokens = CAST(?1 AS BIGINT) WHERE id = {key}"
+                        )
+                    };
+                    tx.exec(&sql, args![max, id.0])?;
                 }
             }
-            tx.execute(
+            tx.exec(
                 "UPDATE tasks SET status = 'queued', pending_answer = ?1, question = NULL,
                    asked_at = NULL, worker = NULL, updated_at = ?2 WHERE id = ?3",
-                params![answer.trim(), now, id.0],
+                args![answer.trim(), now, id.0],
             )?;
             load_task(tx, id)
         })
@@ -1141,10 +1133,10 @@ impl Store {
                         allowed: "done",
                     });
                 }
-                tx.execute(
+                tx.exec(
                     "UPDATE tasks SET merged_into = ?1, merge_commit = ?2, updated_at = ?3
                       WHERE id = ?4",
-                    params![into, commit, now, id.0],
+                    args![into, commit, now, id.0],
                 )?;
             }
             Ok(())
@@ -1160,9 +1152,9 @@ impl Store {
         self.write(|tx, _now| {
             holds_lease(tx, id, token)?;
             for note in notes {
-                tx.execute(
+                tx.exec(
                     "UPDATE task_notes SET delivered = 0 WHERE task_id = ?1 AND note = ?2",
-                    params![id.0, note],
+                    args![id.0, note],
                 )?;
             }
             Ok(())
@@ -1184,10 +1176,10 @@ impl Store {
             serde_json::to_string(ask).map_err(|source| Error::Json { column: "ask", source })?;
         self.write(|tx, now| {
             holds_lease(tx, id, token)?;
-            tx.execute(
+            tx.exec(
                 "INSERT INTO task_questions (task_id, question, asked_at, ask, answer, answered_at,
                     answered_by) VALUES (?1, ?2, ?3, ?4, ?5, ?3, ?6)",
-                params![id.0, text, now, json, answer, by],
+                args![id.0, &text, now, &json, answer, by],
             )?;
             Ok(())
         })
@@ -1197,34 +1189,31 @@ impl Store {
     /// (the recorded usage of the batch's other tasks).
     pub fn budget_of(&self, id: TaskId) -> Result<BudgetState> {
         self.read(|conn| {
-            let (own, group): (Budget, Option<i64>) = conn
-                .query_row(
+            let row = conn
+                .query_opt(
                     "SELECT max_cost_usd, max_tokens, budget_group FROM tasks WHERE id = ?1",
-                    [id.0],
-                    |r| Ok((Budget { max_cost_usd: r.get(0)?, max_tokens: r.get(1)? }, r.get(2)?)),
-                )
-                .optional()?
+                    args![id.0],
+                )?
                 .ok_or(Error::NotFound(id))?;
-            let batch = match group {
+            let own = Budget { max_cost_usd: row.get(0)?, max_tokens: row.get(1)? };
+            let batch = match row.get::<Option<i64>>(2)? {
                 None => None,
                 Some(g) => {
-                    let (max_cost_usd, max_tokens) = conn.query_row(
+                    let b = conn.query_one(
                         "SELECT max_cost_usd, max_tokens FROM budgets WHERE id = ?1",
-                        [g],
-                        |r| Ok((r.get(0)?, r.get(1)?)),
+                        args![g],
                     )?;
-                    let (cost, tokens): (f64, i64) = conn.query_row(
+                    let spent = conn.query_one(
                         "SELECT coalesce(sum(json_extract(result, '$.usage.cost_usd')), 0.0),
-                                coalesce(sum(json_extract(result, '$.usage.input_tokens')
-                                  + json_extract(result, '$.usage.output_tokens')), 0)
+                                CAST(coalesce(sum(json_extract(result, '$.usage.input_tokens')
+                                  + json_extract(result, '$.usage.output_tokens')), 0) AS BIGINT)
                            FROM tasks WHERE budget_group = ?1 AND id != ?2",
-                        params![g, id.0],
-                        |r| Ok((r.get(0)?, r.get(1)?)),
+                        args![g, id.0],
                     )?;
                     Some(BatchBudget {
-                        budget: Budget { max_cost_usd, max_tokens },
-                        others_cost_usd: cost,
-                        others_tokens: tokens,
+                        budget: Budget { max_cost_usd: b.get(0)?, max_tokens: b.get(1)? },
+                        others_cost_usd: spent.get(0)?,
+                        others_tokens: spent.get(1)?,
                     })
                 }
             };
@@ -1251,11 +1240,11 @@ impl Store {
                     allowed: "queued, running or waiting",
                 });
             }
-            tx.execute(
+            tx.exec(
                 "INSERT INTO task_notes (task_id, note, created_at) VALUES (?1, ?2, ?3)",
-                params![id.0, note, now],
+                args![id.0, note, now],
             )?;
-            tx.execute("UPDATE tasks SET updated_at = ?1 WHERE id = ?2", params![now, id.0])?;
+            tx.exec("UPDATE tasks SET updated_at = ?1 WHERE id = ?2", args![now, id.0])?;
             load_task(tx, id)
         })
     }
@@ -1277,9 +1266,9 @@ impl Store {
                     allowed: "queued, running or waiting",
                 });
             }
-            tx.execute(
+            tx.exec(
                 "UPDATE tasks SET priority = ?1, updated_at = ?2 WHERE id = ?3",
-                params![priority, now, id.0],
+                args![priority, now, id.0],
             )?;
             load_task(tx, id)
         })
@@ -1302,15 +1291,15 @@ impl Store {
         self.write(|tx, now| {
             let mut out = Vec::new();
             for s in statuses {
-                let mut stmt = tx.prepare(
-                    "SELECT id FROM tasks WHERE status = ?1 AND coalesce(finished_at, updated_at) <= ?2",
+                let ids = tx.query(
+                    "SELECT id FROM tasks WHERE status = ?1
+                        AND coalesce(finished_at, updated_at) <= ?2 FOR UPDATE",
+                    args![s.as_str(), now - older_than_s],
                 )?;
-                let ids = stmt
-                    .query_map(params![s.as_str(), now - older_than_s], |r| r.get(0))?
-                    .collect::<Result<Vec<i64>, _>>()?;
-                for id in ids {
+                for row in ids {
+                    let id: i64 = row.get(0)?;
                     out.push(load_task(tx, TaskId(id))?);
-                    tx.execute("DELETE FROM tasks WHERE id = ?1", [id])?;
+                    tx.exec("DELETE FROM tasks WHERE id = ?1", args![id])?;
                 }
             }
             Ok(out)
@@ -1329,25 +1318,29 @@ impl Store {
         agent: &str,
     ) -> Result<()> {
         self.write(|tx, now| {
-            tx.execute(
-                "INSERT OR REPLACE INTO workers
-                   (id, pid, host, started_at, heartbeat_at, concurrency, agent)
-                 VALUES (?1, ?2, ?3, ?4, ?4, ?5, ?6)",
-                params![id, pid, host, now, concurrency as i64, agent],
+            tx.exec(
+                "INSERT INTO workers (id, pid, host, started_at, heartbeat_at, concurrency, agent)
+                 VALUES (?1, ?2, ?3, ?4, ?4, ?5, ?6)
+                 ON CONFLICT (id) DO UPDATE SET pid = excluded.pid, host = excluded.host,
+                    started_at = excluded.started_at, heartbeat_at = excluded.heartbeat_at,
+                    concurrency = excluded.concurrency, agent = excluded.agent, stopped_at = NULL",
+                args![id, pid, host, now, concurrency as i64, agent],
             )?;
             Ok(())
         })
     }
 
     pub fn worker_heartbeat(&self, id: &str) -> Result<()> {
-        let conn = self.lock();
-        conn.execute("UPDATE workers SET heartbeat_at = unixepoch('subsec') WHERE id = ?1", [id])?;
+        self.exec_alone(
+            "UPDATE workers SET heartbeat_at = unixepoch('subsec') WHERE id = ?1",
+            args![id],
+        )?;
         Ok(())
     }
 
     pub fn worker_stopped(&self, id: &str) -> Result<()> {
         self.write(|tx, now| {
-            tx.execute("UPDATE workers SET stopped_at = ?1 WHERE id = ?2", params![now, id])?;
+            tx.exec("UPDATE workers SET stopped_at = ?1 WHERE id = ?2", args![now, id])?;
             Ok(())
         })
     }
@@ -1355,20 +1348,22 @@ impl Store {
     /// Workers that are alive or stopped within the last day.
     pub fn list_workers(&self) -> Result<Vec<WorkerInfo>> {
         self.read(|conn| {
-            let mut stmt = conn.prepare(
+            conn.query(
                 "SELECT w.id, w.pid, w.host, w.started_at, w.heartbeat_at, w.concurrency,
-                        w.stopped_at IS NOT NULL, unixepoch('subsec') - w.heartbeat_at,
+                        CASE WHEN w.stopped_at IS NULL THEN 0 ELSE 1 END,
+                        unixepoch('subsec') - w.heartbeat_at,
                         (SELECT group_concat(t.id) FROM tasks t
                           WHERE t.worker = w.id AND t.status = 'running'),
                         w.agent
                    FROM workers w
                   WHERE w.stopped_at IS NULL OR w.stopped_at > unixepoch('subsec') - 86400
                   ORDER BY w.started_at",
-            )?;
-            let rows = stmt.query_map([], |r| {
+                &[],
+            )?
+            .iter()
+            .map(|r| {
                 let stopped: bool = r.get(6)?;
                 let silent_for: f64 = r.get(7)?;
-                let current: Option<String> = r.get(8)?;
                 Ok(WorkerInfo {
                     id: r.get(0)?,
                     pid: r.get(1)?,
@@ -1376,13 +1371,13 @@ impl Store {
                     started_at: r.get(3)?,
                     heartbeat_at: r.get(4)?,
                     concurrency: r.get(5)?,
-                    current_tasks: id_list(current),
+                    current_tasks: id_list(r.get(8)?),
                     stopped,
                     stale: !stopped && silent_for > WORKER_STALE_AFTER_S,
                     agent: r.get(9)?,
                 })
-            })?;
-            Ok(rows.collect::<Result<Vec<_>, _>>()?)
+            })
+            .collect()
         })
     }
 
@@ -1390,14 +1385,16 @@ impl Store {
     /// restarted); the attempt counts, as with an expired lease.
     pub fn release_worker_tasks(&self, worker: &str) -> Result<Vec<TaskId>> {
         self.write(|tx, now| {
-            let mut stmt = tx.prepare(
-                "UPDATE tasks SET lease_until = ?1 - 1 WHERE worker = ?2 AND status = 'running'
-                 RETURNING id",
-            )?;
-            let ids = stmt
-                .query_map(params![now, worker], |r| r.get(0).map(TaskId))?
-                .collect::<Result<Vec<_>, _>>()?;
-            tx.execute("UPDATE workers SET stopped_at = ?1 WHERE id = ?2", params![now, worker])?;
+            let ids = tx
+                .query(
+                    "UPDATE tasks SET lease_until = ?1 - 1 WHERE worker = ?2 AND status = 'running'
+                     RETURNING id",
+                    args![now, worker],
+                )?
+                .iter()
+                .map(|r| r.get(0).map(TaskId))
+                .collect::<Result<Vec<_>>>()?;
+            tx.exec("UPDATE workers SET stopped_at = ?1 WHERE id = ?2", args![now, worker])?;
             Ok(ids)
         })
     }
@@ -1408,28 +1405,25 @@ impl Store {
 
     pub fn set_setting(&self, key: &str, value: &str) -> Result<()> {
         self.write(|tx, _| {
-            tx.execute(
+            tx.exec(
                 "INSERT INTO settings (key, value) VALUES (?1, ?2)
                  ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                [key, value],
+                args![key, value],
             )?;
             Ok(())
         })
     }
 
-    /// `PRAGMA integrity_check`, for crash tests and `taskbridge status`.
+    /// A health check of the database: SQLite's `PRAGMA integrity_check` ("ok" when sound), or
+    /// on PostgreSQL a round trip ("ok" when the server answers).
     pub fn integrity_check(&self) -> Result<String> {
-        self.read(|conn| Ok(conn.query_row("PRAGMA integrity_check", [], |r| r.get(0))?))
+        match &self.backend {
+            Backend::Sqlite(db) => db.integrity_check(),
+            Backend::Postgres(db) => {
+                db.read(&mut |conn| conn.query_one("SELECT 'ok'", &[])?.get(0))
+            }
+        }
     }
-}
-
-/// How a write transaction is committed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Durability {
-    /// fsync'd before the call returns: survives power loss (`synchronous=FULL`).
-    Full,
-    /// Survives any process crash, not a power cut (`synchronous=NORMAL` in WAL mode).
-    CrashSafe,
 }
 
 /// Facts recorded during a run; `None` leaves a field as it is.
@@ -1452,34 +1446,36 @@ fn id_list(ids: Option<String>) -> Vec<TaskId> {
     ids.unwrap_or_default().split(',').filter_map(|s| s.parse().ok().map(TaskId)).collect()
 }
 
-fn get_setting(conn: &Connection, key: &str) -> Result<Option<String>> {
-    Ok(conn
-        .query_row("SELECT value FROM settings WHERE key = ?1", [key], |r| r.get(0))
-        .optional()?)
+fn get_setting(conn: &mut dyn Tx, key: &str) -> Result<Option<String>> {
+    conn.query_opt("SELECT value FROM settings WHERE key = ?1", args![key])?
+        .map(|r| r.get(0))
+        .transpose()
 }
 
-fn status_of(conn: &Connection, id: TaskId) -> Result<TaskStatus> {
-    let s: Option<String> = conn
-        .query_row("SELECT status FROM tasks WHERE id = ?1", [id.0], |r| r.get(0))
-        .optional()?;
-    let s = s.ok_or(Error::NotFound(id))?;
-    Ok(status_from_sql(&s)?)
+/// The task's status, its row locked for the rest of the transaction (on PostgreSQL; SQLite's
+/// writers are serialised anyway), so the transition decided on it cannot race another.
+fn status_of(tx: &mut dyn Tx, id: TaskId) -> Result<TaskStatus> {
+    let s: String = tx
+        .query_opt("SELECT status FROM tasks WHERE id = ?1 FOR UPDATE", args![id.0])?
+        .ok_or(Error::NotFound(id))?
+        .get(0)?;
+    status_from_str(&s)
 }
 
 /// [`Error::StaleLease`] unless `token` is the running task's current lease.
-fn holds_lease(tx: &Transaction<'_>, id: TaskId, token: i64) -> Result<()> {
-    let n: i64 = tx.query_row(
-        "SELECT count(*) FROM tasks WHERE id = ?1 AND lease_token = ?2 AND status = 'running'",
-        params![id.0, token],
-        |r| r.get(0),
+fn holds_lease(tx: &mut dyn Tx, id: TaskId, token: i64) -> Result<()> {
+    let held = tx.query_opt(
+        "SELECT id FROM tasks WHERE id = ?1 AND lease_token = ?2 AND status = 'running'
+          FOR UPDATE",
+        args![id.0, token],
     )?;
-    if n == 0 { Err(Error::StaleLease { id, token }) } else { Ok(()) }
+    if held.is_none() { Err(Error::StaleLease { id, token }) } else { Ok(()) }
 }
 
 /// Moves a task to a terminal state and fails every queued or waiting task that depends on it,
 /// directly or not, naming the dependency that ended.
 fn end_terminal(
-    tx: &Transaction<'_>,
+    tx: &mut dyn Tx,
     now: f64,
     id: TaskId,
     to: TaskStatus,
@@ -1495,28 +1491,28 @@ fn end_terminal(
             allowed: "not finished",
         });
     }
-    tx.execute(
+    tx.exec(
         "UPDATE tasks SET status = ?1, error = coalesce(?2, error), result = coalesce(?3, result),
            finished_at = ?4, updated_at = ?4, lease_until = NULL, pending_answer = NULL,
            cancel_requested = 0, agent_pid = NULL, agent_started = NULL, ask = NULL,
            question = CASE WHEN ?1 = 'waiting' THEN question ELSE NULL END
          WHERE id = ?5",
-        params![to.as_str(), error, result, now, id.0],
+        args![to.as_str(), error, result, now, id.0],
     )?;
     let mut stack = vec![(id, to)];
     while let Some((dep, how)) = stack.pop() {
-        let mut stmt = tx.prepare(
+        let dependents = tx.query(
             "SELECT t.id FROM task_deps d JOIN tasks t ON t.id = d.task_id
-              WHERE d.depends_on = ?1 AND t.status IN ('queued', 'waiting')",
+              WHERE d.depends_on = ?1 AND t.status IN ('queued', 'waiting') FOR UPDATE",
+            args![dep.0],
         )?;
-        let dependents =
-            stmt.query_map([dep.0], |r| r.get(0).map(TaskId))?.collect::<Result<Vec<_>, _>>()?;
-        for t in dependents {
+        for row in dependents {
+            let t = TaskId(row.get(0)?);
             let verb = if how == TaskStatus::Cancelled { "was cancelled" } else { "failed" };
-            tx.execute(
+            tx.exec(
                 "UPDATE tasks SET status = 'failed', error = ?1, failed_dependency = ?2,
                    finished_at = ?3, updated_at = ?3 WHERE id = ?4",
-                params![format!("dependency task {} {verb}", dep.0), id.0, now, t.0],
+                args![format!("dependency task {} {verb}", dep.0), id.0, now, t.0],
             )?;
             stack.push((t, TaskStatus::Failed));
         }
@@ -1524,25 +1520,22 @@ fn end_terminal(
     Ok(())
 }
 
-fn load_task(conn: &Connection, id: TaskId) -> Result<Task> {
+fn load_task(conn: &mut dyn Tx, id: TaskId) -> Result<Task> {
     static BY_ID: std::sync::LazyLock<String> =
         std::sync::LazyLock::new(|| format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?1"));
-    let mut task = conn
-        .prepare_cached(&BY_ID)?
-        .query_row([id.0], task_from_row)
-        .optional()?
-        .ok_or(Error::NotFound(id))?;
+    let row = conn.query_opt(&BY_ID, args![id.0])?.ok_or(Error::NotFound(id))?;
+    let mut task = task_from_row(&row)?;
     fill_relations(conn, &mut task)?;
     Ok(task)
 }
 
-fn fill_relations(conn: &Connection, task: &mut Task) -> Result<()> {
-    let mut stmt = conn.prepare_cached(
+fn fill_relations(conn: &mut dyn Tx, task: &mut Task) -> Result<()> {
+    for row in conn.query(
         "SELECT d.depends_on, coalesce(p.status, 'done') FROM task_deps d
            LEFT JOIN tasks p ON p.id = d.depends_on WHERE d.task_id = ?1 ORDER BY d.depends_on",
-    )?;
-    for row in stmt.query_map([task.id.0], |r| Ok((r.get(0)?, r.get::<_, String>(1)?)))? {
-        let (dep, status) = row?;
+        args![task.id.0],
+    )? {
+        let (dep, status): (i64, String) = (row.get(0)?, row.get(1)?);
         task.depends_on.push(TaskId(dep));
         if status != "done" {
             task.waiting_on.push(TaskId(dep));
@@ -1551,66 +1544,40 @@ fn fill_relations(conn: &Connection, task: &mut Task) -> Result<()> {
     if task.is_blocked() {
         task.display_status = "blocked".into();
     }
-    let mut stmt = conn
-        .prepare_cached("SELECT task_id FROM task_deps WHERE depends_on = ?1 ORDER BY task_id")?;
-    task.dependents =
-        stmt.query_map([task.id.0], |r| r.get(0).map(TaskId))?.collect::<Result<_, _>>()?;
-    let mut stmt = conn.prepare_cached("SELECT id FROM tasks WHERE parent = ?1 ORDER BY id")?;
+    let ids = |rows: Vec<Row>| -> Result<Vec<TaskId>> {
+        rows.iter().map(|r| r.get(0).map(TaskId)).collect()
+    };
+    task.dependents = ids(conn.query(
+        "SELECT task_id FROM task_deps WHERE depends_on = ?1 ORDER BY task_id",
+        args![task.id.0],
+    )?)?;
     task.followups =
-        stmt.query_map([task.id.0], |r| r.get(0).map(TaskId))?.collect::<Result<_, _>>()?;
-    let mut stmt = conn.prepare_cached(
-        "SELECT note, created_at, delivered FROM task_notes WHERE task_id = ?1 ORDER BY id",
-    )?;
-    task.notes = stmt
-        .query_map([task.id.0], |r| {
-            Ok(Note { note: r.get(0)?, created_at: r.get(1)?, delivered: r.get(2)? })
-        })?
-        .collect::<Result<_, _>>()?;
-    let mut stmt = conn.prepare_cached(
-        "SELECT question, asked_at, answer, answered_at, ask, answered_by FROM task_questions
-          WHERE task_id = ?1 ORDER BY id",
-    )?;
-    task.questions = stmt
-        .query_map([task.id.0], |r| {
+        ids(conn.query("SELECT id FROM tasks WHERE parent = ?1 ORDER BY id", args![task.id.0])?)?;
+    task.notes = conn
+        .query(
+            "SELECT note, created_at, delivered FROM task_notes WHERE task_id = ?1 ORDER BY id",
+            args![task.id.0],
+        )?
+        .iter()
+        .map(|r| Ok(Note { note: r.get(0)?, created_at: r.get(1)?, delivered: r.get(2)? }))
+        .collect::<Result<_>>()?;
+    task.questions = conn
+        .query(
+            "SELECT question, asked_at, answer, answered_at, ask, answered_by FROM task_questions
+              WHERE task_id = ?1 ORDER BY id",
+            args![task.id.0],
+        )?
+        .iter()
+        .map(|r| {
             Ok(QuestionRound {
                 question: r.get(0)?,
                 asked_at: r.get(1)?,
                 answer: r.get(2)?,
                 answered_at: r.get(3)?,
-                ask: r.get::<_, Option<String>>(4)?.and_then(|a| serde_json::from_str(&a).ok()),
+                ask: r.get::<Option<String>>(4)?.and_then(|a| serde_json::from_str(&a).ok()),
                 answered_by: r.get(5)?,
             })
-        })?
-        .collect::<Result<_, _>>()?;
-    Ok(())
-}
-
-/// Journal mode, durability and schema: what every connection that writes needs first.
-fn prepare(conn: &mut Connection) -> Result<()> {
-    // WAL + synchronous=FULL: an acknowledged submit survives power loss, not only a crash.
-    conn.pragma_update(None, "journal_mode", "WAL")?;
-    conn.pragma_update(None, "synchronous", "FULL")?;
-    conn.pragma_update(None, "foreign_keys", "ON")?;
-    conn.pragma_update(None, "journal_size_limit", 64 * 1024 * 1024)?;
-    if cfg!(target_os = "macos") {
-        conn.pragma_update(None, "fullfsync", "ON")?;
-        conn.pragma_update(None, "checkpoint_fullfsync", "ON")?;
-    }
-    migrate(conn)
-}
-
-fn migrate(conn: &mut Connection) -> Result<()> {
-    // IMMEDIATE: two processes opening a new database at once must not both run migration 1.
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    let version: i64 = tx.query_row("PRAGMA user_version", [], |r| r.get(0))?;
-    let known = MIGRATIONS.len() as i64;
-    if version > known {
-        return Err(Error::SchemaTooNew { found: version, known });
-    }
-    for (i, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {
-        tx.execute_batch(sql)?;
-        tx.pragma_update(None, "user_version", i as i64 + 1)?;
-    }
-    tx.commit()?;
+        })
+        .collect::<Result<_>>()?;
     Ok(())
 }

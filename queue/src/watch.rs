@@ -1,10 +1,11 @@
 //! Noticing commits made by other processes.
 //!
 //! The database is the only channel between TaskBridge processes, so a worker must learn quickly
-//! that another process submitted a task. Two layers: on Linux an
+//! that another process submitted a task. On SQLite, two layers: on Linux an
 //! inotify watch on the database's directory fires when the `-wal` file is written, typically
 //! well under a millisecond after the commit; and a `PRAGMA data_version` poll on a connection of
-//! its own catches anything the edge signal missed (and is the only layer elsewhere).
+//! its own catches anything the edge signal missed (and is the only layer elsewhere). On
+//! PostgreSQL, LISTEN on the schema's channel with a ping and a poll (see `crate::pg::watch`).
 
 use crate::error::Result;
 use rusqlite::Connection;
@@ -24,9 +25,20 @@ pub struct ChangeWatcher {
 }
 
 impl ChangeWatcher {
-    /// Both layers: the file watch where the platform has one, and the poll.
-    pub fn spawn(db_path: &Path, on_change: impl Fn() + Send + Sync + 'static) -> Result<Self> {
-        Self::with_layers(db_path, true, true, on_change)
+    /// Watches the store's database: on SQLite both layers (the file watch where the platform
+    /// has one, and the poll); on PostgreSQL the listener.
+    pub fn spawn(
+        store: &crate::Store,
+        on_change: impl Fn() + Send + Sync + 'static,
+    ) -> Result<Self> {
+        match store.location() {
+            crate::Location::Sqlite(path) => Self::with_layers(path, true, true, on_change),
+            crate::Location::Postgres(url) => {
+                let stop = Arc::new(AtomicBool::new(false));
+                crate::pg::watch(url, stop.clone(), Arc::new(on_change))?;
+                Ok(ChangeWatcher { stop })
+            }
+        }
     }
 
     /// Only the layers asked for, so that each can be tested alone. Asking for the file watch

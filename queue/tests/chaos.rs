@@ -6,19 +6,22 @@
 //! -- --nocapture` is the long run.
 #![allow(clippy::unwrap_used)]
 
+mod support;
+use support::{Backend, Db};
+
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use taskbridge_queue::{Outcome, Store, TaskId, TaskSpec};
+use taskbridge_queue::{Location, Outcome, Store, TaskId, TaskSpec};
 
 const LEASE: Duration = Duration::from_millis(400);
 
 /// A worker process and the thread that reads its events; the thread ends when the process's
 /// stdout closes (it exited or was killed).
 fn spawn_worker(
-    db: &std::path::Path,
+    db: &str,
     tx: mpsc::Sender<String>,
     readers: &mut Vec<std::thread::JoinHandle<()>>,
 ) -> Child {
@@ -46,7 +49,7 @@ fn spawn_worker(
 #[ignore = "run as a child process by the chaos test"]
 fn chaos_worker_process() {
     let Ok(db) = std::env::var("TB_CHAOS_DB") else { return };
-    let store = Store::open(db).unwrap();
+    let store = Store::connect(&Location::parse(&db).unwrap()).unwrap();
     let me = format!("w{}", std::process::id());
     loop {
         let Some(c) = store.claim_next(&me, "host", LEASE).unwrap() else {
@@ -86,13 +89,14 @@ fn fastrand_ms() -> u64 {
     (std::process::id() as u64 * 7 + Instant::now().elapsed().subsec_nanos() as u64) % 10
 }
 
-#[test]
-fn chaos_every_task_ends_exactly_once() {
+on_both!(chaos_every_task_ends_exactly_once);
+
+fn chaos_every_task_ends_exactly_once(b: Backend) {
     let n: usize =
         std::env::var("TASKBRIDGE_CHAOS_TASKS").ok().and_then(|v| v.parse().ok()).unwrap_or(1000);
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("chaos.db");
-    let store = Store::open(&db).unwrap();
+    let d = Db::new(b);
+    let db = d.arg.clone();
+    let store = d.open();
     let specs: Vec<TaskSpec> = (0..n)
         .map(|i| {
             TaskSpec::new(
@@ -114,7 +118,7 @@ fn chaos_every_task_ends_exactly_once() {
     let reaper = {
         let (db, stop) = (db.clone(), stop_reaper.clone());
         std::thread::spawn(move || {
-            let store = Store::open(db).unwrap();
+            let store = Store::connect(&Location::parse(&db).unwrap()).unwrap();
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 store.reap_expired().unwrap();
                 std::thread::sleep(Duration::from_millis(50));
@@ -189,7 +193,13 @@ fn chaos_every_task_ends_exactly_once() {
     }
     let twice: Vec<_> = done.iter().filter(|(_, c)| **c > 1).collect();
     assert!(twice.is_empty(), "tasks completed twice: {twice:?}");
-    assert_eq!(done.len(), n, "every task completed once by a live lease");
+    // A worker killed between its commit and its print completed a task without saying so;
+    // each kill can hide at most one (the store's state below is the real check).
+    let unreported = n - done.len();
+    assert!(
+        unreported <= kills,
+        "{unreported} tasks completed without a DONE event, more than the {kills} kills explain"
+    );
     for i in 1..=n as i64 {
         assert_eq!(store.get(TaskId(i)).unwrap().status, taskbridge_queue::TaskStatus::Done);
     }

@@ -1,6 +1,11 @@
-//! The store against a real SQLite file: transitions, claim order, dependencies, idempotency,
-//! bad input, leases and fencing, several processes at once, and kill -9 during submits.
+//! The store's conformance suite, run on both backends (a real SQLite file and a real
+//! PostgreSQL server, see `support`): transitions, claim order, dependencies, idempotency,
+//! bad input, leases and fencing, jobs, several processes at once, and kill -9 during submits.
+//! Tests of one backend's own machinery (SQLite's file and its schema versions) are named so.
 #![allow(clippy::unwrap_used)] // test helpers outside #[test] functions
+
+mod support;
+use support::{Backend, Db};
 
 use proptest::prelude::*;
 use std::collections::HashSet;
@@ -11,10 +16,42 @@ use taskbridge_queue::*;
 
 const LEASE: Duration = Duration::from_secs(30);
 
-fn open() -> (tempfile::TempDir, Store) {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path().join("q.db")).unwrap();
-    (dir, store)
+on_both!(
+    submit_stores_every_field_and_defaults,
+    happy_path_queued_running_done,
+    forbidden_transitions_are_errors_and_write_nothing,
+    cancel_queued_waiting_and_running,
+    question_answer_resumes_the_same_session_without_using_an_attempt,
+    failed_attempt_is_retried_with_backoff_then_fails,
+    dependency_failure_propagates_transitively_and_retry_revives_the_chain,
+    cancelling_a_dependency_fails_its_dependents_with_its_name,
+    idempotent_submit_returns_the_first_task,
+    bad_input_is_refused_with_a_message_naming_the_problem,
+    a_batch_with_a_cycle_is_refused_whole,
+    expired_lease_requeues_then_fails_and_stale_completion_is_rejected,
+    question_timeout_fails_a_waiting_task,
+    clear_removes_only_finished_tasks,
+    status_counts_blocked_apart_from_queued,
+    jobs_run_queued_running_done_and_finished_jobs_never_change,
+    a_cancelled_job_keeps_its_state_when_its_runner_reports_late,
+    jobs_of_a_dead_owner_are_failed_as_interrupted_and_live_ones_are_left_alone,
+    an_agent_blocked_in_a_live_workers_server_is_resumed_by_that_worker_only,
+    answers_are_checked_against_the_decision_they_answer,
+    a_budget_stop_continues_raised_or_stops_naming_the_spend,
+    a_batch_budget_counts_what_the_batchs_other_tasks_spent,
+    an_answer_survives_a_resume_that_fails_and_its_attempt_still_counts,
+    a_database_from_a_newer_build_is_refused,
+    four_processes_never_claim_a_task_twice,
+    kill_9_during_submits_loses_no_acknowledged_task,
+    several_processes_creating_the_database_at_once_all_open_it,
+    concurrent_duplicate_submits_make_one_task,
+    fencing_rejects_every_write_from_an_expired_lease,
+);
+
+fn open(b: Backend) -> (Db, Store) {
+    let db = Db::new(b);
+    let store = db.open();
+    (db, store)
 }
 
 fn spec(prompt: &str) -> TaskSpec {
@@ -33,9 +70,8 @@ fn done() -> Outcome {
     Outcome::Done { result: serde_json::json!({"summary": "ok"}) }
 }
 
-#[test]
-fn submit_stores_every_field_and_defaults() {
-    let (_d, store) = open();
+fn submit_stores_every_field_and_defaults(b: Backend) {
+    let (_d, store) = open(b);
     let (task, created) = store.submit(spec("Fix the parser\nmore detail")).unwrap();
     assert!(created);
     assert_eq!(task.status, TaskStatus::Queued);
@@ -46,9 +82,8 @@ fn submit_stores_every_field_and_defaults() {
     assert_eq!(store.get(task.id).unwrap(), task);
 }
 
-#[test]
-fn happy_path_queued_running_done() {
-    let (_d, store) = open();
+fn happy_path_queued_running_done(b: Backend) {
+    let (_d, store) = open(b);
     let id = submit(&store, "a");
     let c = claim(&store).unwrap();
     assert_eq!(c.task.id, id);
@@ -61,9 +96,8 @@ fn happy_path_queued_running_done() {
     assert_eq!(t.result.unwrap()["summary"], "ok");
 }
 
-#[test]
-fn forbidden_transitions_are_errors_and_write_nothing() {
-    let (_d, store) = open();
+fn forbidden_transitions_are_errors_and_write_nothing(b: Backend) {
+    let (_d, store) = open(b);
     let id = submit(&store, "a");
     let before = store.get(id).unwrap();
     assert!(matches!(store.answer(id, "x", "test"), Err(Error::InvalidTransition { .. })));
@@ -87,9 +121,8 @@ fn forbidden_transitions_are_errors_and_write_nothing() {
     assert!(matches!(store.finish(id, c.token, done()), Err(Error::StaleLease { .. })));
 }
 
-#[test]
-fn cancel_queued_waiting_and_running() {
-    let (_d, store) = open();
+fn cancel_queued_waiting_and_running(b: Backend) {
+    let (_d, store) = open(b);
     let q = submit(&store, "queued");
     assert_eq!(store.cancel(q).unwrap().status, TaskStatus::Cancelled);
 
@@ -119,9 +152,8 @@ fn cancel_queued_waiting_and_running() {
     assert_eq!(store.cancel(w).unwrap().status, TaskStatus::Cancelled);
 }
 
-#[test]
-fn question_answer_resumes_the_same_session_without_using_an_attempt() {
-    let (_d, store) = open();
+fn question_answer_resumes_the_same_session_without_using_an_attempt(b: Backend) {
+    let (_d, store) = open(b);
     let id = submit(&store, "a");
     let c = claim(&store).unwrap();
     assert!(c.resume.is_none());
@@ -173,9 +205,8 @@ fn question_answer_resumes_the_same_session_without_using_an_attempt() {
     assert_eq!(store.get(id).unwrap().questions.len(), 2);
 }
 
-#[test]
-fn failed_attempt_is_retried_with_backoff_then_fails() {
-    let (_d, store) = open();
+fn failed_attempt_is_retried_with_backoff_then_fails(b: Backend) {
+    let (_d, store) = open(b);
     let id = submit(&store, "a");
     let c = claim(&store).unwrap();
     let t = store
@@ -207,9 +238,8 @@ fn failed_attempt_is_retried_with_backoff_then_fails() {
     assert_eq!((t.status, t.attempts, t.error), (TaskStatus::Queued, 0, None));
 }
 
-#[test]
-fn dependency_failure_propagates_transitively_and_retry_revives_the_chain() {
-    let (_d, store) = open();
+fn dependency_failure_propagates_transitively_and_retry_revives_the_chain(b: Backend) {
+    let (_d, store) = open(b);
     let a = submit(&store, "a");
     let mut s = spec("b");
     s.depends_on = vec![DepRef::Task(a)];
@@ -238,9 +268,8 @@ fn dependency_failure_propagates_transitively_and_retry_revives_the_chain() {
     assert_eq!(store.get(c_id).unwrap().status, TaskStatus::Queued);
 }
 
-#[test]
-fn cancelling_a_dependency_fails_its_dependents_with_its_name() {
-    let (_d, store) = open();
+fn cancelling_a_dependency_fails_its_dependents_with_its_name(b: Backend) {
+    let (_d, store) = open(b);
     let a = submit(&store, "a");
     let mut s = spec("b");
     s.depends_on = vec![DepRef::Task(a)];
@@ -251,9 +280,8 @@ fn cancelling_a_dependency_fails_its_dependents_with_its_name() {
     assert_eq!(t.error.unwrap(), format!("dependency task {} was cancelled", a.0));
 }
 
-#[test]
-fn idempotent_submit_returns_the_first_task() {
-    let (_d, store) = open();
+fn idempotent_submit_returns_the_first_task(b: Backend) {
+    let (_d, store) = open(b);
     let mut s = spec("a");
     s.request_id = Some("req-1".into());
     let (first, created) = store.submit(s.clone()).unwrap();
@@ -266,9 +294,8 @@ fn idempotent_submit_returns_the_first_task() {
     assert_eq!(store.list(&ListFilter::default()).unwrap().len(), 1);
 }
 
-#[test]
-fn bad_input_is_refused_with_a_message_naming_the_problem() {
-    let (_d, store) = open();
+fn bad_input_is_refused_with_a_message_naming_the_problem(b: Backend) {
+    let (_d, store) = open(b);
     let cases: Vec<(TaskSpec, &str)> = vec![
         (spec("   "), "prompt: it is empty"),
         (spec(&"x".repeat(MAX_PROMPT_BYTES + 1)), "limit is 262144"),
@@ -338,9 +365,8 @@ fn bad_input_is_refused_with_a_message_naming_the_problem() {
     assert!(err.contains("task #7 does not exist"), "{err}");
 }
 
-#[test]
-fn a_batch_with_a_cycle_is_refused_whole() {
-    let (_d, store) = open();
+fn a_batch_with_a_cycle_is_refused_whole(b: Backend) {
+    let (_d, store) = open(b);
     let mut a = spec("a");
     a.depends_on = vec![DepRef::Batch(2)];
     let mut b = spec("b");
@@ -361,9 +387,8 @@ fn a_batch_with_a_cycle_is_refused_whole() {
     assert_eq!(out[1].0.depends_on, vec![out[0].0.id]);
 }
 
-#[test]
-fn expired_lease_requeues_then_fails_and_stale_completion_is_rejected() {
-    let (_d, store) = open();
+fn expired_lease_requeues_then_fails_and_stale_completion_is_rejected(b: Backend) {
+    let (_d, store) = open(b);
     let id = submit(&store, "a");
     let c1 = store.claim_next("w1", "host", Duration::from_millis(1)).unwrap().unwrap();
     std::thread::sleep(Duration::from_millis(20));
@@ -382,9 +407,8 @@ fn expired_lease_requeues_then_fails_and_stale_completion_is_rejected() {
     assert!(t.error.unwrap().contains("lease expired"));
 }
 
-#[test]
-fn question_timeout_fails_a_waiting_task() {
-    let (_d, store) = open();
+fn question_timeout_fails_a_waiting_task(b: Backend) {
+    let (_d, store) = open(b);
     let mut s = spec("a");
     s.question_timeout_s = Some(1);
     let id = store.submit(s).unwrap().0.id;
@@ -410,9 +434,8 @@ fn question_timeout_fails_a_waiting_task() {
     assert!(t.error.unwrap().contains("not answered within 1 s"));
 }
 
-#[test]
-fn clear_removes_only_finished_tasks() {
-    let (_d, store) = open();
+fn clear_removes_only_finished_tasks(b: Backend) {
+    let (_d, store) = open(b);
     let a = submit(&store, "a");
     let b = submit(&store, "b");
     store.cancel(a).unwrap();
@@ -425,9 +448,8 @@ fn clear_removes_only_finished_tasks() {
     assert!(store.clear_finished(3600.0, &[TaskStatus::Done]).unwrap().is_empty());
 }
 
-#[test]
-fn status_counts_blocked_apart_from_queued() {
-    let (_d, store) = open();
+fn status_counts_blocked_apart_from_queued(b: Backend) {
+    let (_d, store) = open(b);
     let a = submit(&store, "a");
     let mut s = spec("b");
     s.depends_on = vec![DepRef::Task(a)];
@@ -439,7 +461,7 @@ fn status_counts_blocked_apart_from_queued() {
 }
 
 #[test]
-fn database_and_home_are_private() {
+fn sqlite_database_and_home_are_private() {
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
     let home = Home::resolve(Some(dir.path().join("home"))).unwrap();
@@ -451,14 +473,21 @@ fn database_and_home_are_private() {
     assert_eq!(mode(&home.logs_dir()), 0o700);
 }
 
-#[test]
-fn a_database_from_a_newer_build_is_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("q.db");
-    drop(Store::open(&path).unwrap());
-    set_user_version(&path, 99);
-    let err = Store::open(&path).err().unwrap().to_string();
-    assert!(err.contains("newer TaskBridge"), "{err}");
+fn a_database_from_a_newer_build_is_refused(b: Backend) {
+    let d = Db::new(b);
+    drop(d.open());
+    match &d.location {
+        Location::Sqlite(path) => set_user_version(path, 99),
+        Location::Postgres(_) => {
+            let mut c =
+                ::postgres::Client::connect(&support::pg_server(), ::postgres::NoTls).unwrap();
+            let schema = d.arg.split("schema=").nth(1).unwrap();
+            c.batch_execute(&format!("INSERT INTO \"{schema}\".schema_version VALUES (99)"))
+                .unwrap();
+        }
+    }
+    let err = Store::connect(&d.location).err().unwrap().to_string();
+    assert!(err.contains("newer TaskBridge") && err.contains("schema 99"), "{err}");
 }
 
 fn set_user_version(path: &std::path::Path, v: i64) {
@@ -471,43 +500,70 @@ fn set_user_version(path: &std::path::Path, v: i64) {
 
 // ---- claim order, as a property -----------------------------------------------------------
 
+/// The model: runnable = not finished and all deps finished; pick max priority, min id.
+fn claims_follow_priority_then_age(
+    b: Backend,
+    items: &[(i64, Vec<usize>)],
+) -> Result<(), proptest::test_runner::TestCaseError> {
+    let (_d, store) = open(b);
+    // Only backward references, so the graph is acyclic.
+    let mut ids: Vec<TaskId> = Vec::new();
+    let mut deps_of: Vec<Vec<TaskId>> = Vec::new();
+    for (i, (prio, deps)) in items.iter().enumerate() {
+        let mut s = spec(&format!("t{i}"));
+        s.priority = *prio;
+        let d: Vec<TaskId> = deps
+            .iter()
+            .filter(|&&j| j < i)
+            .map(|&j| ids[j])
+            .collect::<HashSet<_>>()
+            .into_iter()
+            .collect();
+        s.depends_on = d.iter().map(|&t| DepRef::Task(t)).collect();
+        ids.push(store.submit(s).unwrap().0.id);
+        deps_of.push(d);
+    }
+    let mut finished: HashSet<TaskId> = HashSet::new();
+    while let Some(c) = claim(&store) {
+        // The model: runnable = not finished and all deps finished; pick max priority, min id.
+        let expected = ids
+            .iter()
+            .enumerate()
+            .filter(|(i, id)| {
+                !finished.contains(id) && deps_of[*i].iter().all(|d| finished.contains(d))
+            })
+            .max_by(|(i, a), (j, b)| items[*i].0.cmp(&items[*j].0).then(b.cmp(a)))
+            .map(|(_, id)| *id);
+        prop_assert_eq!(Some(c.task.id), expected);
+        store.finish(c.task.id, c.token, done()).unwrap();
+        finished.insert(c.task.id);
+    }
+    prop_assert_eq!(finished.len(), ids.len());
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(40))]
     #[test]
-    fn claims_follow_priority_then_age_and_respect_dependencies(
+    fn claims_follow_priority_then_age_and_respect_dependencies_sqlite(
         items in proptest::collection::vec((-3i64..=3, proptest::collection::vec(0usize..12, 0..3)), 1..12)
     ) {
-        let (_d, store) = open();
-        // Only backward references, so the graph is acyclic.
-        let mut ids: Vec<TaskId> = Vec::new();
-        let mut deps_of: Vec<Vec<TaskId>> = Vec::new();
-        for (i, (prio, deps)) in items.iter().enumerate() {
-            let mut s = spec(&format!("t{i}"));
-            s.priority = *prio;
-            let d: Vec<TaskId> = deps.iter().filter(|&&j| j < i).map(|&j| ids[j]).collect::<HashSet<_>>().into_iter().collect();
-            s.depends_on = d.iter().map(|&t| DepRef::Task(t)).collect();
-            ids.push(store.submit(s).unwrap().0.id);
-            deps_of.push(d);
-        }
-        let mut finished: HashSet<TaskId> = HashSet::new();
-        while let Some(c) = claim(&store) {
-            // The model: runnable = not finished and all deps finished; pick max priority, min id.
-            let expected = ids.iter().enumerate()
-                .filter(|(i, id)| !finished.contains(id) && deps_of[*i].iter().all(|d| finished.contains(d)))
-                .max_by(|(i, a), (j, b)| items[*i].0.cmp(&items[*j].0).then(b.cmp(a)))
-                .map(|(_, id)| *id);
-            prop_assert_eq!(Some(c.task.id), expected);
-            store.finish(c.task.id, c.token, done()).unwrap();
-            finished.insert(c.task.id);
-        }
-        prop_assert_eq!(finished.len(), ids.len());
+        claims_follow_priority_then_age(Backend::Sqlite, &items)?;
+    }
+
+    #[test]
+    fn claims_follow_priority_then_age_and_respect_dependencies_postgres(
+        items in proptest::collection::vec((-3i64..=3, proptest::collection::vec(0usize..12, 0..3)), 1..12)
+    ) {
+        claims_follow_priority_then_age(Backend::Postgres, &items)?;
     }
 }
 
 // ---- several processes --------------------------------------------------------------------
 
-/// Re-runs this test binary as a child process that executes one `child_*` test below.
-fn child(name: &str, db: &std::path::Path) -> Command {
+/// Re-runs this test binary as a child process that executes one `child_*` test below, on the
+/// queue `db` (a path or a URL).
+fn child(name: &str, db: &str) -> Command {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
     cmd.args([name, "--exact", "--nocapture", "--test-threads=1", "--ignored"])
         .env("TB_CHILD_DB", db);
@@ -518,7 +574,7 @@ fn child(name: &str, db: &std::path::Path) -> Command {
 #[ignore = "run as a child process by four_processes_never_claim_a_task_twice"]
 fn child_claimer() {
     let Ok(db) = std::env::var("TB_CHILD_DB") else { return };
-    let store = Store::open(db).unwrap();
+    let store = Store::connect(&Location::parse(&db).unwrap()).unwrap();
     let me = format!("w{}", std::process::id());
     let mut idle = 0;
     while idle < 200 {
@@ -536,11 +592,9 @@ fn child_claimer() {
     }
 }
 
-#[test]
-fn four_processes_never_claim_a_task_twice() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("q.db");
-    let store = Store::open(&db).unwrap();
+fn four_processes_never_claim_a_task_twice(b: Backend) {
+    let (d, store) = open(b);
+    let db = d.arg.clone();
     let n = 400;
     for i in 0..n {
         store.submit(spec(&format!("t{i}"))).unwrap();
@@ -575,7 +629,7 @@ fn four_processes_never_claim_a_task_twice() {
 #[ignore = "run as a child process by kill_9_during_submits_loses_no_acknowledged_task"]
 fn child_submitter() {
     let Ok(db) = std::env::var("TB_CHILD_DB") else { return };
-    let store = Store::open(db).unwrap();
+    let store = Store::connect(&Location::parse(&db).unwrap()).unwrap();
     for i in 0.. {
         let (t, _) = store.submit(spec(&format!("burst {i}"))).unwrap();
         // Printed only after submit returned: an acknowledged task.
@@ -583,11 +637,10 @@ fn child_submitter() {
     }
 }
 
-#[test]
-fn kill_9_during_submits_loses_no_acknowledged_task() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("q.db");
-    drop(Store::open(&db).unwrap());
+fn kill_9_during_submits_loses_no_acknowledged_task(b: Backend) {
+    let (d, store) = open(b);
+    drop(store);
+    let db = d.arg.clone();
     let mut kid = child("child_submitter", &db).stdout(Stdio::piped()).spawn().unwrap();
     let mut lines = BufReader::new(kid.stdout.take().unwrap()).lines();
     let mut acked = Vec::new();
@@ -604,7 +657,7 @@ fn kill_9_during_submits_loses_no_acknowledged_task() {
             acked.push(id.parse::<i64>().unwrap());
         }
     }
-    let store = Store::open(&db).unwrap();
+    let store = d.open();
     assert_eq!(store.integrity_check().unwrap(), "ok");
     for id in &acked {
         store.get(TaskId(*id)).unwrap_or_else(|e| panic!("acknowledged task {id} lost: {e}"));
@@ -612,18 +665,17 @@ fn kill_9_during_submits_loses_no_acknowledged_task() {
 }
 
 #[test]
-fn another_process_commit_is_noticed_by_each_watch_layer_alone() {
+fn sqlite_another_process_commit_is_noticed_by_each_watch_layer_alone() {
     // The file watch alone, then the poll alone: each must see a commit made by another
     // process, so neither can hide a broken other.
     for (file_watch, poll) in [(true, false), (false, true)] {
-        let (d, store) = open();
+        let (d, store) = open(Backend::Sqlite);
         let (tx, rx) = std::sync::mpsc::channel();
-        let _w = ChangeWatcher::with_layers(store.path(), file_watch, poll, move || {
+        let _w = ChangeWatcher::with_layers(store.path().unwrap(), file_watch, poll, move || {
             let _ = tx.send(());
         })
         .unwrap();
-        let db = d.path().join("q.db");
-        let out = child("child_submit_once", &db).output().unwrap();
+        let out = child("child_submit_once", &d.arg).output().unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         rx.recv_timeout(Duration::from_secs(5))
             .unwrap_or_else(|_| panic!("not noticed (file watch {file_watch}, poll {poll})"));
@@ -635,11 +687,36 @@ fn another_process_commit_is_noticed_by_each_watch_layer_alone() {
 #[ignore = "run as a child process by another_process_commit_is_noticed_by_each_watch_layer_alone"]
 fn child_submit_once() {
     let Ok(db) = std::env::var("TB_CHILD_DB") else { return };
-    Store::open(db).unwrap().submit(spec("from another process")).unwrap();
+    let store = Store::connect(&Location::parse(&db).unwrap()).unwrap();
+    store.submit(spec("from another process")).unwrap();
 }
 
 #[test]
-fn a_database_from_the_first_schema_opens_and_keeps_its_tasks() {
+fn postgres_another_process_commit_is_noticed_by_notify_and_by_the_poll_alone() {
+    // LISTEN/NOTIFY, then listen=off (the poll alone): each must see a commit made by another
+    // process. The poll fires on its own, so the listener is timed against it: a notification
+    // arrives long before the 2 s poll would.
+    for params in ["", "&listen=off&poll_ms=100"] {
+        let d = Db::with_params(Backend::Postgres, params);
+        let store = d.open();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let _w = ChangeWatcher::spawn(&store, move || {
+            let _ = tx.send(std::time::Instant::now());
+        })
+        .unwrap();
+        // The listener's first call, made once it is connected (and after every reconnect).
+        rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        let started = std::time::Instant::now();
+        let out = child("child_submit_once", &d.arg).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let seen = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert!(seen >= started);
+        assert_eq!(store.get(TaskId(1)).unwrap().prompt, "from another process");
+    }
+}
+
+#[test]
+fn sqlite_a_database_from_the_first_schema_opens_and_keeps_its_tasks() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("q.db");
     // A database as the first release wrote it: schema 1 only, with a task waiting on a question.
@@ -675,9 +752,8 @@ fn owner(pid: i64) -> JobOwner {
     JobOwner { host: "host".into(), pid, started: Some("42".into()) }
 }
 
-#[test]
-fn jobs_run_queued_running_done_and_finished_jobs_never_change() {
-    let (_d, store) = open();
+fn jobs_run_queued_running_done_and_finished_jobs_never_change(b: Backend) {
+    let (_d, store) = open(b);
     let req = serde_json::json!({"prompt": "review this plan"});
     let job = store.job_submit(&req, &owner(7)).unwrap();
     assert_eq!((job.status, job.request.clone()), (JobStatus::Queued, req));
@@ -706,9 +782,8 @@ fn jobs_run_queued_running_done_and_finished_jobs_never_change() {
     assert!(err.to_string().contains("job 999 does not exist"), "{err}");
 }
 
-#[test]
-fn a_cancelled_job_keeps_its_state_when_its_runner_reports_late() {
-    let (_d, store) = open();
+fn a_cancelled_job_keeps_its_state_when_its_runner_reports_late(b: Backend) {
+    let (_d, store) = open(b);
     let queued = store.job_submit(&serde_json::json!({}), &owner(7)).unwrap();
     let running = store.job_submit(&serde_json::json!({}), &owner(7)).unwrap();
     store.job_start(running.id).unwrap();
@@ -725,9 +800,8 @@ fn a_cancelled_job_keeps_its_state_when_its_runner_reports_late() {
     assert_eq!(counts["running"], 0);
 }
 
-#[test]
-fn jobs_of_a_dead_owner_are_failed_as_interrupted_and_live_ones_are_left_alone() {
-    let (_d, store) = open();
+fn jobs_of_a_dead_owner_are_failed_as_interrupted_and_live_ones_are_left_alone(b: Backend) {
+    let (_d, store) = open(b);
     let dead = store.job_submit(&serde_json::json!({}), &owner(100)).unwrap();
     store.job_start(dead.id).unwrap();
     let dead_queued = store.job_submit(&serde_json::json!({}), &owner(100)).unwrap();
@@ -756,22 +830,22 @@ fn jobs_of_a_dead_owner_are_failed_as_interrupted_and_live_ones_are_left_alone()
 #[ignore = "run as a child process by several_processes_creating_the_database_at_once_all_open_it"]
 fn child_opener() {
     let Ok(db) = std::env::var("TB_CHILD_DB") else { return };
-    let store = Store::open(db).unwrap();
+    let store = Store::connect(&Location::parse(&db).unwrap()).unwrap();
     store.submit(spec("opened")).unwrap();
 }
 
-#[test]
-fn several_processes_creating_the_database_at_once_all_open_it() {
-    for _ in 0..10 {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("q.db");
+/// Several hosts (here processes) starting at once against a new database (a new schema on
+/// PostgreSQL, whose migrations run under an advisory lock) all open it.
+fn several_processes_creating_the_database_at_once_all_open_it(b: Backend) {
+    for _ in 0..if b == Backend::Sqlite { 10 } else { 3 } {
+        let d = Db::new(b);
         let children: Vec<_> = (0..5)
-            .map(|_| child("child_opener", &path).stdout(Stdio::null()).spawn().unwrap())
+            .map(|_| child("child_opener", &d.arg).stdout(Stdio::null()).spawn().unwrap())
             .collect();
         for mut c in children {
             assert!(c.wait().unwrap().success(), "a process could not open the new database");
         }
-        assert_eq!(Store::open(&path).unwrap().list(&ListFilter::default()).unwrap().len(), 5);
+        assert_eq!(d.open().list(&ListFilter::default()).unwrap().len(), 5);
     }
 }
 
@@ -796,9 +870,8 @@ fn permission() -> Ask {
     ask
 }
 
-#[test]
-fn an_agent_blocked_in_a_live_workers_server_is_resumed_by_that_worker_only() {
-    let (_d, store) = open();
+fn an_agent_blocked_in_a_live_workers_server_is_resumed_by_that_worker_only(b: Backend) {
+    let (_d, store) = open(b);
     store.register_worker("w1", 1, "host", 1, "opencode serve").unwrap();
     store.register_worker("w2", 2, "host", 1, "opencode serve").unwrap();
     let id = submit(&store, "a");
@@ -824,9 +897,8 @@ fn an_agent_blocked_in_a_live_workers_server_is_resumed_by_that_worker_only() {
     assert_eq!(by, ["cli", "tui"]);
 }
 
-#[test]
-fn answers_are_checked_against_the_decision_they_answer() {
-    let (_d, store) = open();
+fn answers_are_checked_against_the_decision_they_answer(b: Backend) {
+    let (_d, store) = open(b);
     let id = submit(&store, "a");
     let c = claim(&store).unwrap();
     wait_with(&store, id, c.token, permission());
@@ -844,9 +916,8 @@ fn budget_stop(limit: &str, spent: f64, max: f64) -> Ask {
     Ask::budget(BudgetStop { limit: limit.into(), scope: "task".into(), spent, max, original: max })
 }
 
-#[test]
-fn a_budget_stop_continues_raised_or_stops_naming_the_spend() {
-    let (_d, store) = open();
+fn a_budget_stop_continues_raised_or_stops_naming_the_spend(b: Backend) {
+    let (_d, store) = open(b);
     let mut s = spec("spend");
     s.budget = Budget { max_cost_usd: Some(0.5), max_tokens: None };
     let id = store.submit(s).unwrap().0.id;
@@ -868,9 +939,8 @@ fn a_budget_stop_continues_raised_or_stops_naming_the_spend() {
     assert!(e.contains("$2.60 of $2.50") && e.contains("task budget") && e.contains("tui"), "{e}");
 }
 
-#[test]
-fn a_batch_budget_counts_what_the_batchs_other_tasks_spent() {
-    let (_d, store) = open();
+fn a_batch_budget_counts_what_the_batchs_other_tasks_spent(b: Backend) {
+    let (_d, store) = open(b);
     let shared = Budget { max_cost_usd: None, max_tokens: Some(300) };
     let tasks = store.submit_batch_budgeted(vec![spec("a"), spec("b")], shared).unwrap();
     let (a, b) = (tasks[0].0.id, tasks[1].0.id);
@@ -894,9 +964,8 @@ fn a_batch_budget_counts_what_the_batchs_other_tasks_spent() {
     assert!(err.contains("'shell:rm*' names no permission") && err.contains("bash"), "{err}");
 }
 
-#[test]
-fn an_answer_survives_a_resume_that_fails_and_its_attempt_still_counts() {
-    let (_d, store) = open();
+fn an_answer_survives_a_resume_that_fails_and_its_attempt_still_counts(b: Backend) {
+    let (_d, store) = open(b);
     let mut s = spec("a");
     s.max_attempts = 2;
     let id = store.submit(s).unwrap().0.id;
@@ -918,4 +987,60 @@ fn an_answer_survives_a_resume_that_fails_and_its_attempt_still_counts() {
     assert_eq!(c.resume.unwrap().answer, "this one", "the answer is delivered again");
     let failed = Outcome::Failed { error: "rate limited".into(), result: None, backoff_s: 0.0 };
     assert_eq!(store.finish(id, c.token, failed).unwrap().status, TaskStatus::Failed, "bounded");
+}
+
+/// Three submitters racing with one request id (each on its own connection, as three MCP
+/// clients retrying would be) make one task; every one of them is given that task.
+fn concurrent_duplicate_submits_make_one_task(b: Backend) {
+    let (d, store) = open(b);
+    let handles: Vec<Store> = (0..3).map(|_| d.open()).collect();
+    for round in 0..10 {
+        let key = format!("req-{round}");
+        let barrier = std::sync::Barrier::new(handles.len());
+        let results: Vec<(Task, bool)> = std::thread::scope(|s| {
+            let joins: Vec<_> = handles
+                .iter()
+                .map(|h| {
+                    let (barrier, key) = (&barrier, key.clone());
+                    s.spawn(move || {
+                        let mut sp = spec("the same change, sent three times");
+                        sp.request_id = Some(key);
+                        barrier.wait();
+                        h.submit(sp).unwrap()
+                    })
+                })
+                .collect();
+            joins.into_iter().map(|j| j.join().unwrap()).collect()
+        });
+        let ids: HashSet<TaskId> = results.iter().map(|(t, _)| t.id).collect();
+        assert_eq!(ids.len(), 1, "round {round}: {results:?}");
+        assert_eq!(results.iter().filter(|(_, created)| *created).count(), 1, "round {round}");
+    }
+    assert_eq!(store.list(&ListFilter::default()).unwrap().len(), 10);
+}
+
+/// Once a lease has expired and the task was claimed again, nothing the old holder sends is
+/// taken: not a heartbeat, facts about its run, a result, a returned note or a decision.
+fn fencing_rejects_every_write_from_an_expired_lease(b: Backend) {
+    let (_d, store) = open(b);
+    let id = submit(&store, "a");
+    let old = store.claim_next("w1", "host-a", Duration::from_millis(1)).unwrap().unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(store.reap_expired().unwrap().len(), 1);
+    let new = store.claim_next("w2", "host-b", LEASE).unwrap().unwrap();
+    assert_eq!(new.task.id, id);
+    let stale = |r: Result<(), Error>| assert!(matches!(r, Err(Error::StaleLease { .. })), "{r:?}");
+    stale(store.heartbeat(id, old.token, LEASE).map(|_| ()));
+    stale(store.record_run(
+        id,
+        old.token,
+        RunFacts { branch: Some("x".into()), ..Default::default() },
+    ));
+    stale(store.undeliver_notes(id, old.token, &["n".into()]));
+    stale(store.record_decision(id, old.token, &permission(), "once", "rule"));
+    stale(store.finish(id, old.token, done()).map(|_| ()));
+    let t = store.get(id).unwrap();
+    assert_eq!((t.status, t.worker.as_deref(), t.branch), (TaskStatus::Running, Some("w2"), None));
+    store.heartbeat(id, new.token, LEASE).unwrap();
+    assert_eq!(store.finish(id, new.token, done()).unwrap().status, TaskStatus::Done);
 }

@@ -68,7 +68,7 @@ pub async fn run(opts: TuiOptions, shutdown: CancellationToken) -> std::io::Resu
         }
     });
     let t = tx.clone();
-    let _watcher = queue::ChangeWatcher::spawn(opts.store.path(), move || {
+    let _watcher = queue::ChangeWatcher::spawn(&opts.store, move || {
         let _ = t.send(Msg::Reload);
     })
     .ok();

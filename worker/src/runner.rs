@@ -240,7 +240,7 @@ impl Worker {
     ) -> RunningWorker {
         let worker = Worker::new(store.clone(), home, cfg);
         let waker = worker.waker();
-        let watcher = queue::ChangeWatcher::spawn(store.path(), move || waker.notify_one())
+        let watcher = queue::ChangeWatcher::spawn(&store, move || waker.notify_one())
             .map_err(|e| {
                 tracing::warn!(error = %e, "cannot watch the database; the worker polls every second")
             })

@@ -1,0 +1,286 @@
+//! Where the queue lives: a SQLite file (the default) or a PostgreSQL schema (several hosts).
+//!
+//! `--db` and `TASKBRIDGE_DB` take either a path (or `sqlite://PATH`) or a
+//! `postgres://user:pass@host:port/db?schema=NAME` URL. TaskBridge's own URL parameters are
+//! `schema`, `listen` (`off` for poolers without LISTEN), `poll_ms` and, beside the driver's
+//! `sslmode`, `sslmode=verify-full` with `sslrootcert=PATH`; everything else goes to the
+//! driver. The password is never shown: [`Location`]'s `Display` masks it.
+
+use crate::error::{Error, Result};
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Clone)]
+pub enum Location {
+    Sqlite(PathBuf),
+    Postgres(PgUrl),
+}
+
+/// How the connection is encrypted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tls {
+    /// No TLS (`sslmode=disable`).
+    Off,
+    /// TLS when the server offers it (`prefer`, the driver's default), unverified, as libpq does.
+    Prefer,
+    /// TLS or no connection; the certificate is not checked (`require`, as in libpq).
+    Require,
+    /// TLS with the server's certificate checked against `sslrootcert` and its name
+    /// (`verify-full`).
+    VerifyFull,
+}
+
+#[derive(Clone)]
+pub struct PgUrl {
+    /// The URL as the driver reads it: TaskBridge's own parameters removed.
+    pub(crate) driver_url: String,
+    /// The same with the password masked, for messages and `status`.
+    redacted: String,
+    pub schema: String,
+    /// LISTEN/NOTIFY for wake-ups; off, only the poll.
+    pub listen: bool,
+    /// How often watchers look again without a notification.
+    pub poll: Duration,
+    pub tls: Tls,
+    pub root_cert: Option<PathBuf>,
+}
+
+impl fmt::Debug for PgUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.redacted)
+    }
+}
+
+impl Location {
+    /// Reads `--db`/`TASKBRIDGE_DB`.
+    pub fn parse(s: &str) -> Result<Location> {
+        let s = s.trim();
+        if let Some(rest) = s.strip_prefix("sqlite://") {
+            if rest.is_empty() {
+                return Err(Error::invalid(
+                    "db",
+                    "sqlite:// needs a path, e.g. sqlite:///home/me/q.db",
+                ));
+            }
+            return Ok(Location::Sqlite(PathBuf::from(rest)));
+        }
+        if let Some(rest) = s.strip_prefix("sqlite:")
+            && !rest.is_empty()
+        {
+            return Ok(Location::Sqlite(PathBuf::from(rest)));
+        }
+        if s.starts_with("postgres://") || s.starts_with("postgresql://") {
+            return PgUrl::parse(s).map(Location::Postgres);
+        }
+        if s.contains("://") {
+            return Err(Error::invalid(
+                "db",
+                format!(
+                    "'{}' is neither a path nor a sqlite:// or postgres:// URL",
+                    s.split("://").next().unwrap_or_default()
+                ),
+            ));
+        }
+        if s.is_empty() {
+            return Err(Error::invalid("db", "it is empty; give a path or a postgres:// URL"));
+        }
+        Ok(Location::Sqlite(PathBuf::from(s)))
+    }
+
+    /// True when other hosts may share this queue (tasks must then carry a fetchable base).
+    pub fn is_shared(&self) -> bool {
+        matches!(self, Location::Postgres(_))
+    }
+
+    pub fn backend(&self) -> &'static str {
+        match self {
+            Location::Sqlite(_) => "sqlite",
+            Location::Postgres(_) => "postgres",
+        }
+    }
+}
+
+impl fmt::Display for Location {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Location::Sqlite(p) => write!(f, "{}", p.display()),
+            Location::Postgres(u) => f.write_str(&u.redacted),
+        }
+    }
+}
+
+impl fmt::Debug for Location {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+/// `user:secret@` becomes `user:***@`.
+fn mask_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else { return url.to_owned() };
+    let (authority, tail) = match rest.find(['/', '?']) {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    let authority = match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{user}:***@{host}"),
+            None => format!("{userinfo}@{host}"),
+        },
+        None => authority.to_owned(),
+    };
+    format!("{scheme}://{authority}{tail}")
+}
+
+impl PgUrl {
+    fn parse(url: &str) -> Result<PgUrl> {
+        let (base, query) = url.split_once('?').unwrap_or((url, ""));
+        let mut schema = "taskbridge".to_owned();
+        let mut listen = true;
+        let mut poll_ms = None;
+        let mut tls = Tls::Prefer;
+        let mut root_cert = None;
+        let mut rest = Vec::new();
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            match k {
+                "schema" => schema = v.to_owned(),
+                "listen" => {
+                    listen = match v {
+                        "on" | "true" | "1" => true,
+                        "off" | "false" | "0" => false,
+                        other => {
+                            return Err(Error::invalid(
+                                "db",
+                                format!("listen={other}: use listen=on or listen=off"),
+                            ));
+                        }
+                    }
+                }
+                "poll_ms" => {
+                    let ms: u64 =
+                        v.parse().ok().filter(|ms| (10..=60_000).contains(ms)).ok_or_else(
+                            || {
+                                Error::invalid(
+                                    "db",
+                                    format!("poll_ms={v}: use 10 to 60000 milliseconds"),
+                                )
+                            },
+                        )?;
+                    poll_ms = Some(ms);
+                }
+                "sslmode" => {
+                    tls = match v {
+                        "disable" => Tls::Off,
+                        "prefer" | "allow" => Tls::Prefer,
+                        "require" => Tls::Require,
+                        "verify-full" | "verify-ca" => Tls::VerifyFull,
+                        other => {
+                            return Err(Error::invalid(
+                                "db",
+                                format!(
+                                    "sslmode={other}: use disable, prefer, require or verify-full"
+                                ),
+                            ));
+                        }
+                    };
+                    // The driver knows disable/prefer/require; verification is done here.
+                    let driver = match tls {
+                        Tls::Off => "disable",
+                        Tls::Prefer => "prefer",
+                        Tls::Require | Tls::VerifyFull => "require",
+                    };
+                    rest.push(format!("sslmode={driver}"));
+                }
+                "sslrootcert" => root_cert = Some(PathBuf::from(v)),
+                _ => rest.push(pair.to_owned()),
+            }
+        }
+        let schema_ok = !schema.is_empty()
+            && schema.len() <= 48
+            && schema.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
+            && schema.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+        if !schema_ok {
+            return Err(Error::invalid(
+                "db",
+                format!(
+                    "schema={schema}: use 1 to 48 lowercase letters, digits and underscores, \
+                     starting with a letter"
+                ),
+            ));
+        }
+        if tls == Tls::VerifyFull && root_cert.is_none() {
+            return Err(Error::invalid(
+                "db",
+                "sslmode=verify-full needs sslrootcert=PATH, the PEM file of the CA that signed \
+                 the server's certificate",
+            ));
+        }
+        let driver_url =
+            if rest.is_empty() { base.to_owned() } else { format!("{base}?{}", rest.join("&")) };
+        driver_url
+            .parse::<postgres::Config>()
+            .map_err(|e| Error::invalid("db", format!("{}: {e}", mask_password(url))))?;
+        Ok(PgUrl {
+            redacted: mask_password(url),
+            driver_url,
+            schema,
+            listen,
+            poll: Duration::from_millis(poll_ms.unwrap_or(if listen { 2000 } else { 500 })),
+            tls,
+            root_cert,
+        })
+    }
+
+    /// The NOTIFY channel of this schema.
+    pub fn channel(&self) -> String {
+        format!("taskbridge_{}", self.schema)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_and_urls() {
+        assert!(
+            matches!(Location::parse("/tmp/q.db").unwrap(), Location::Sqlite(p) if p == std::path::Path::new("/tmp/q.db"))
+        );
+        assert!(
+            matches!(Location::parse("sqlite:/tmp/q.db").unwrap(), Location::Sqlite(p) if p == std::path::Path::new("/tmp/q.db"))
+        );
+        assert!(
+            matches!(Location::parse("sqlite:///tmp/q.db").unwrap(), Location::Sqlite(p) if p == std::path::Path::new("/tmp/q.db"))
+        );
+        let pg = Location::parse(
+            "postgres://me:s3cret@db.example:5433/q?schema=team_a&listen=off&connect_timeout=5",
+        )
+        .unwrap();
+        let Location::Postgres(u) = &pg else { panic!("not postgres") };
+        assert_eq!(u.schema, "team_a");
+        assert!(!u.listen);
+        assert_eq!(u.poll, Duration::from_millis(500));
+        assert_eq!(u.driver_url, "postgres://me:s3cret@db.example:5433/q?connect_timeout=5");
+        let shown = pg.to_string();
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("me:***@db.example:5433"), "{shown}");
+        assert_eq!(u.channel(), "taskbridge_team_a");
+    }
+
+    #[test]
+    fn bad_urls_say_what_is_wrong() {
+        let e = Location::parse("postgres://h/db?schema=Bad-Name").unwrap_err().to_string();
+        assert!(e.contains("schema=Bad-Name"), "{e}");
+        let e = Location::parse("postgres://h/db?listen=maybe").unwrap_err().to_string();
+        assert!(e.contains("listen=on or listen=off"), "{e}");
+        let e = Location::parse("mysql://h/db").unwrap_err().to_string();
+        assert!(e.contains("'mysql'"), "{e}");
+        let e =
+            Location::parse("postgres://u:pw@h/db?sslmode=verify-full").unwrap_err().to_string();
+        assert!(e.contains("sslrootcert"), "{e}");
+        let e = Location::parse("postgres://u:pw@h:notaport/db").unwrap_err().to_string();
+        assert!(!e.contains("pw@"), "{e}");
+    }
+}

@@ -1,0 +1,99 @@
+//! The two backends the store's conformance tests run on: a SQLite file in a temporary
+//! directory, and a schema of its own on the PostgreSQL server named by `TASKBRIDGE_TEST_PG`
+//! (`.ci/run` starts a throwaway one with `.ci/pg` and sets it), dropped when the test ends.
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use taskbridge_queue::{Location, Store};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// The server the PostgreSQL tests use.
+pub fn pg_server() -> String {
+    std::env::var("TASKBRIDGE_TEST_PG").unwrap_or_else(|_| {
+        panic!(
+            "the PostgreSQL tests need a server: set TASKBRIDGE_TEST_PG=postgres://… \
+             (`.ci/pg start DIR` starts a throwaway one and prints its URL; .ci/run does this)"
+        )
+    })
+}
+
+/// A fresh queue; dropping it removes the file or the schema.
+pub struct Db {
+    pub location: Location,
+    /// `--db` as a child process or the CLI would be given it.
+    pub arg: String,
+    dir: Option<tempfile::TempDir>,
+    schema: Option<String>,
+}
+
+static N: AtomicUsize = AtomicUsize::new(0);
+
+impl Db {
+    pub fn new(b: Backend) -> Db {
+        Db::with_params(b, "")
+    }
+
+    /// `params` go after the schema on a PostgreSQL URL (`&listen=off`, say).
+    pub fn with_params(b: Backend, params: &str) -> Db {
+        match b {
+            Backend::Sqlite => {
+                let dir = tempfile::tempdir().unwrap();
+                let arg = dir.path().join("q.db").display().to_string();
+                Db { location: Location::parse(&arg).unwrap(), arg, dir: Some(dir), schema: None }
+            }
+            Backend::Postgres => {
+                let schema = format!(
+                    "t_{}_{}_{}",
+                    std::process::id(),
+                    N.fetch_add(1, Ordering::Relaxed),
+                    std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .unwrap()
+                        .subsec_nanos()
+                );
+                let server = pg_server();
+                let sep = if server.contains('?') { '&' } else { '?' };
+                let arg = format!("{server}{sep}schema={schema}{params}");
+                Db {
+                    location: Location::parse(&arg).unwrap(),
+                    arg,
+                    dir: None,
+                    schema: Some(schema),
+                }
+            }
+        }
+    }
+
+    pub fn open(&self) -> Store {
+        Store::connect(&self.location).unwrap()
+    }
+}
+
+impl Drop for Db {
+    fn drop(&mut self) {
+        if let Some(schema) = &self.schema
+            && let Ok(mut c) = ::postgres::Client::connect(&pg_server(), ::postgres::NoTls)
+        {
+            let _ = c.batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"));
+        }
+    }
+}
+
+/// Runs each named test, `fn name(b: Backend)`, on both backends: `sqlite::name` and
+/// `postgres::name`.
+#[macro_export]
+macro_rules! on_both {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $( #[test] fn $name() { super::$name(super::support::Backend::Sqlite) } )*
+        }
+        mod postgres {
+            $( #[test] fn $name() { super::$name(super::support::Backend::Postgres) } )*
+        }
+    };
+}

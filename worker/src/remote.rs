@@ -1,0 +1,157 @@
+//! Repositories reached through a git remote, for a queue shared by several hosts: the submit
+//! side makes sure a task's base can be fetched from its remote; a worker that does not have
+//! the repository (or runs with `--use-remote`) works from a mirror of the remote under its own
+//! home and pushes the task's branch back.
+//!
+//! These shell out to `git`, not libgit2, so that the user's own credentials (SSH agent,
+//! credential helpers, `url.*.insteadOf`) apply exactly as on their command line; they never
+//! prompt (`GIT_TERMINAL_PROMPT=0`).
+
+use crate::error::{Error, Result};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// What a mirror fetches: the remote's branches (under `refs/remotes/origin/`, so that a fetch
+/// never moves a branch a running task has checked out), its tags, and the bases submitters
+/// pushed for tasks.
+const FETCH: &[&str] = &[
+    "+refs/heads/*:refs/remotes/origin/*",
+    "+refs/tags/*:refs/tags/*",
+    "+refs/taskbridge/*:refs/taskbridge/*",
+];
+
+/// Runs git in `dir`; the error names the command and carries git's own words.
+fn git(dir: &Path, args: &[&str]) -> std::result::Result<String, String> {
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(args)
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .output()
+        .map_err(|e| format!("running git: {e}"))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        Err(format!("`git {}` failed: {}", args.join(" "), stderr.trim()))
+    }
+}
+
+/// The URL of the repository's `origin`, the default remote of a task.
+pub fn origin_url(repo: &Path) -> Option<String> {
+    let repo = git2::Repository::open(repo).ok()?;
+    let origin = repo.find_remote("origin").ok()?;
+    origin.url().ok().map(str::to_owned)
+}
+
+/// The ref a submitter pushes a base to when no ref of the remote contains it.
+pub fn base_ref_name(base: &str) -> String {
+    format!("refs/taskbridge/base/{base}")
+}
+
+/// Makes sure a worker elsewhere can fetch `base` from `remote`: fine when a ref there contains
+/// it; otherwise pushes it to [`base_ref_name`]. Returns what was pushed, if anything. An
+/// unreachable remote or a refused push is an error that says so, and the caller stores
+/// nothing.
+pub fn ensure_fetchable(repo: &Path, remote: &str, base: &str) -> Result<Option<String>> {
+    let listed = git(repo, &["ls-remote", remote]).map_err(|e| {
+        Error::Repo(format!(
+            "the remote {remote} cannot be reached, so a worker on another host could not fetch \
+             this task's base: {e}; fix the remote (or pass --remote URL)"
+        ))
+    })?;
+    let r = git2::Repository::open(repo)?;
+    let base_oid = git2::Oid::from_str(base)?;
+    let contained = listed.lines().filter_map(|l| l.split_whitespace().next()).any(|tip| {
+        let Ok(tip) = git2::Oid::from_str(tip) else { return false };
+        // A tip this repository does not have cannot contain a commit made here.
+        tip == base_oid || r.graph_descendant_of(tip, base_oid).unwrap_or(false)
+    });
+    if contained {
+        return Ok(None);
+    }
+    let target = base_ref_name(base);
+    git(repo, &["push", "--quiet", remote, &format!("{base}:{target}")]).map_err(|e| {
+        Error::Repo(format!(
+            "the base commit {} is on no ref of {remote}, so a worker on another host could not \
+             fetch it, and pushing it to {target} failed: {e}; push the branch yourself, or \
+             pass --remote with a remote you can push to",
+            &base[..base.len().min(12)]
+        ))
+    })?;
+    Ok(Some(target))
+}
+
+/// Where a worker keeps its mirror of `remote`: a bare repository under its home, named after
+/// the remote so that each remote has one.
+pub fn mirror_dir(mirrors: &Path, remote: &str) -> PathBuf {
+    let tail: String = remote
+        .trim_end_matches('/')
+        .trim_end_matches(".git")
+        .rsplit(['/', ':'])
+        .next()
+        .unwrap_or("repo")
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' })
+        .collect();
+    // FNV-1a: stable across builds and hosts, unlike std's hasher.
+    let hash = remote.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    mirrors.join(format!("{tail}-{:012x}.git", hash & 0xffff_ffff_ffff))
+}
+
+/// Creates the mirror if it is missing and fetches the remote into it, so that the task's base
+/// and its dependencies' branches are there.
+pub fn sync_mirror(dir: &Path, remote: &str) -> Result<()> {
+    if !dir.join("HEAD").exists() {
+        if let Some(parent) = dir.parent() {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| Error::io(format!("creating {}", parent.display()), e))?;
+        }
+        let parent = dir.parent().unwrap_or(Path::new("."));
+        let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or("mirror.git");
+        let tmp = format!("{name}.partial");
+        let _ = std::fs::remove_dir_all(parent.join(&tmp));
+        git(parent, &["init", "--quiet", "--bare", &tmp]).map_err(Error::Repo)?;
+        git(&parent.join(&tmp), &["remote", "add", "origin", remote]).map_err(Error::Repo)?;
+        // Renamed only once it is complete: a crash leaves a .partial, never a broken mirror.
+        std::fs::rename(parent.join(&tmp), dir)
+            .map_err(|e| Error::io(format!("creating the mirror {}", dir.display()), e))?;
+    }
+    let mut args = vec!["fetch", "--quiet", "--prune", remote];
+    args.extend_from_slice(FETCH);
+    git(dir, &args).map_err(|e| Error::Repo(format!("fetching {remote} into the mirror: {e}")))?;
+    Ok(())
+}
+
+/// Pushes the task's branch from the mirror to the remote, replacing an earlier attempt's.
+pub fn push_branch(mirror: &Path, remote: &str, branch: &str) -> Result<()> {
+    let spec = format!("+refs/heads/{branch}:refs/heads/{branch}");
+    git(mirror, &["push", "--quiet", remote, &spec])
+        .map(|_| ())
+        .map_err(|e| Error::Repo(format!("pushing {branch} to {remote}: {e}")))
+}
+
+/// Brings a task branch that was pushed by a worker elsewhere into the local repository, so that
+/// it can be merged or inspected; nothing to do when the branch is already here.
+pub fn fetch_branch(repo: &Path, remote: &str, branch: &str) -> Result<()> {
+    let spec = format!("+refs/heads/{branch}:refs/heads/{branch}");
+    git(repo, &["fetch", "--quiet", remote, &spec])
+        .map(|_| ())
+        .map_err(|e| Error::Repo(format!("fetching {branch} from {remote}: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mirror_names_are_stable_and_distinct() {
+        let m = Path::new("/h/mirrors");
+        let a = mirror_dir(m, "git://127.0.0.1:9418/app.git");
+        assert_eq!(a, mirror_dir(m, "git://127.0.0.1:9418/app.git"));
+        assert!(a.file_name().unwrap().to_str().unwrap().starts_with("app-"));
+        assert_ne!(a, mirror_dir(m, "git@example.com:team/app.git"));
+    }
+}
