@@ -242,6 +242,11 @@ pub struct SubmitArgs {
     /// Idempotency key: a second submit with the same key returns the first task.
     #[arg(long)]
     pub request_id: Option<String>,
+    /// The git remote workers on other hosts fetch from and push the task's branch to
+    /// (default: the repository's origin). On a shared queue the base is pushed to
+    /// refs/taskbridge/base/<commit> when no ref there contains it.
+    #[arg(long, value_name = "URL")]
+    pub remote: Option<String>,
     /// Ask for approval instead of allowing: PERMISSION[:PATTERN], e.g. bash:'git push*',
     /// external_directory, edit:'*.lock' (repeatable; the pattern defaults to every one).
     #[arg(long = "ask", value_name = "PERMISSION[:PATTERN]")]
@@ -276,6 +281,11 @@ pub struct WorkerArgs {
     /// serve` per worker). Default: `[worker] opencode_mode` in the config file, else serve.
     #[arg(long = "opencode", value_name = "MODE")]
     pub opencode_mode: Option<worker::OpenCodeMode>,
+    /// Run tasks from this worker's mirror of each task's remote (under its home) and push
+    /// their branches back, even when the repository is on this host (a worker on another
+    /// host does so by itself).
+    #[arg(long)]
+    pub use_remote: bool,
 }
 
 #[derive(Debug, Args, Clone)]

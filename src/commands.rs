@@ -271,6 +271,7 @@ fn submit(ctx: &Ctx, a: SubmitArgs) -> anyhow::Result<()> {
     spec.timeout_s = a.timeout;
     spec.question_timeout_s = a.question_timeout;
     spec.request_id = a.request_id;
+    spec.remote = a.remote;
     spec.ask = a.ask;
     spec.budget = queue::Budget { max_cost_usd: a.max_cost_usd, max_tokens: a.max_tokens };
     let (task, created, warnings) =

@@ -26,6 +26,8 @@ pub struct WorkerSection {
     /// `run` or `serve`.
     pub opencode_mode: Option<String>,
     pub claude_bridge: Option<bool>,
+    /// Run every task with a remote from this worker's mirror of it (`--use-remote`).
+    pub use_remote: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -123,6 +125,7 @@ impl Config {
             })?;
         }
         w.opencode_config_content = env("OPENCODE_CONFIG_CONTENT");
+        w.use_remote = file.worker.use_remote.unwrap_or(false);
         w.fault_worktree_pause = env("TASKBRIDGE_FAULT_WORKTREE_PAUSE_MS")
             .and_then(|v| v.parse().ok())
             .map(Duration::from_millis);

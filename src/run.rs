@@ -76,6 +76,7 @@ pub async fn long_running(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode
                 args.claude_bridge,
                 args.opencode_mode,
             )?;
+            let cfg = WorkerConfig { use_remote: args.use_remote || cfg.use_remote, ..cfg };
             let running = Worker::start(ctx.store.clone(), ctx.home.clone(), cfg, shutdown);
             eprintln!("taskbridge worker {} on {}", running.worker.id(), ctx.store.location());
             running.handle.await.context("worker task")??;

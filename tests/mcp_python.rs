@@ -47,7 +47,16 @@ fn run_python(mode: &str, envs: Vec<(String, String)>) {
 
 #[test]
 fn python_sdk_over_stdio_runs_a_task_with_a_question() {
-    let env = Env::new();
+    python_stdio_scenario(Env::new());
+}
+
+/// The MCP server, its worker and the client's round trip with the queue on PostgreSQL.
+#[test]
+fn python_sdk_over_stdio_on_a_postgres_queue() {
+    python_stdio_scenario(Env::new().on_postgres());
+}
+
+fn python_stdio_scenario(env: Env) {
     let mock = banner_mock(&env, 1);
     let env = env.with_mock(&mock);
     let server_env: serde_json::Map<String, serde_json::Value> =

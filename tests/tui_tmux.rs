@@ -95,7 +95,16 @@ impl Drop for Tmux {
 
 #[test]
 fn answer_a_waiting_task_and_cancel_a_running_one_from_the_keyboard() {
-    let env = Env::new();
+    answer_and_cancel(Env::new());
+}
+
+/// The same, with the queue on PostgreSQL: the TUI, the CLI and two workers meet only there.
+#[test]
+fn on_postgres_the_tui_answers_and_cancels_from_the_keyboard() {
+    answer_and_cancel(Env::new().on_postgres());
+}
+
+fn answer_and_cancel(env: Env) {
     let mock = MockAnthropic::spawn(vec![
         Turn::text(
             "One thing first.\n\n```taskbridge-question\nShould the banner be red or blue?\n```",

@@ -130,17 +130,22 @@ fn question(text: &str) -> String {
 
 #[test]
 fn a_question_waits_and_the_answer_resumes_the_same_session() {
-    question_scenario("run");
+    question_scenario(Env::new(), "run");
 }
 
 /// In serve mode the answer is a new prompt in the same session on the same warm server.
 #[test]
 fn in_serve_mode_an_answer_is_a_new_prompt_in_the_same_session() {
-    question_scenario("serve");
+    question_scenario(Env::new(), "serve");
 }
 
-fn question_scenario(mode: &str) {
-    let env = Env::new();
+/// The same round trip with the queue on PostgreSQL: worker, CLI and the real OpenCode server.
+#[test]
+fn on_postgres_an_answer_resumes_the_same_session() {
+    question_scenario(Env::new().on_postgres(), "serve");
+}
+
+fn question_scenario(env: Env, mode: &str) {
     let mock = MockAnthropic::spawn(vec![
         Turn::text(question("Which colour should the banner be: red or blue?")),
         Turn::text(question("Bold or plain?")),

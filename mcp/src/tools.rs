@@ -66,6 +66,11 @@ pub struct SubmitTaskArgs {
     /// Idempotency key: submitting again with the same key returns the first task.
     #[serde(default)]
     pub request_id: Option<String>,
+    /// The git remote a worker on another host fetches the repository from and pushes the
+    /// task's branch to (default: the repository's origin). On a shared (PostgreSQL) queue the
+    /// base commit is pushed to refs/taskbridge/base/<commit> when no ref there contains it.
+    #[serde(default)]
+    pub remote: Option<String>,
     /// Permission requests that wait for an answer (from Claude or a person) instead of being
     /// allowed: each "PERMISSION[:PATTERN]", e.g. "bash:git push*", "external_directory",
     /// "edit:*.lock". The task waits with a question of kind permission when one matches.
@@ -124,6 +129,9 @@ pub struct BatchItem {
     pub question_timeout_s: Option<i64>,
     #[serde(default)]
     pub request_id: Option<String>,
+    /// As in submit_task: the git remote for workers on other hosts.
+    #[serde(default)]
+    pub remote: Option<String>,
     /// As in submit_task: "PERMISSION[:PATTERN]" rules that wait for an answer.
     #[serde(default)]
     pub ask: Vec<String>,
@@ -337,6 +345,7 @@ impl SubmitTaskArgs {
             timeout_s: self.timeout_s,
             question_timeout_s: self.question_timeout_s,
             request_id: self.request_id,
+            remote: self.remote,
             ask: self.ask,
             max_cost_usd: self.max_cost_usd,
             max_tokens: self.max_tokens,
@@ -390,6 +399,7 @@ impl BatchItem {
         spec.timeout_s = self.timeout_s.unwrap_or(queue::DEFAULT_TIMEOUT_S);
         spec.question_timeout_s = self.question_timeout_s;
         spec.request_id = self.request_id;
+        spec.remote = self.remote;
         spec.ask = self.ask;
         spec.budget =
             queue::Budget { max_cost_usd: self.max_cost_usd, max_tokens: self.max_tokens };
@@ -515,15 +525,30 @@ impl TaskBridge {
             })
             .await;
         match r {
-            Ok((task, c)) => ok(json!({
-                "task_id": task.id.0,
-                "text": c.text,
-                "offset": c.offset,
-                "next_offset": c.next_offset,
-                "size": c.size,
-                "eof": c.eof,
-                "running": task.status == TaskStatus::Running,
-            })),
+            Ok((task, c)) => {
+                // The full log stays on the host of the worker that ran the task.
+                let here = worker::runner::hostname();
+                let elsewhere = task.worker_host.as_deref().filter(|h| *h != here && c.size == 0);
+                let mut out = json!({
+                    "task_id": task.id.0,
+                    "text": c.text,
+                    "offset": c.offset,
+                    "next_offset": c.next_offset,
+                    "size": c.size,
+                    "eof": c.eof,
+                    "running": task.status == TaskStatus::Running,
+                    "host": task.worker_host,
+                });
+                if let Some(h) = elsewhere {
+                    out["where"] = json!(format!(
+                        "the log is on host {h}, in the logs directory of its worker's home \
+                         (task-{}.log); this host ({here}) has none. get_task_result has the \
+                         result, diff and files",
+                        task.id.0
+                    ));
+                }
+                ok(out)
+            }
             Err(e) => self.fail(e),
         }
     }

@@ -261,7 +261,7 @@ impl Store {
     pub fn interrupt_orphaned_jobs(
         &self,
         host: &str,
-        alive: impl Fn(i64, Option<&str>) -> bool,
+        alive: impl Fn(i64, Option<&str>) -> bool + Sync,
     ) -> Result<Vec<JobId>> {
         self.write(|tx, now| {
             let open = tx.query(

@@ -172,6 +172,8 @@ pub struct TaskSpec {
     /// `base`.
     pub parent: Option<TaskId>,
     pub session_id: Option<String>,
+    /// The host whose agent keeps `session_id` (a follow-up's parent ran there).
+    pub session_host: Option<String>,
 }
 
 /// A spending limit: the agent is interrupted when its spend passes either.
@@ -571,6 +573,7 @@ impl TaskSpec {
             remote: None,
             parent: None,
             session_id: None,
+            session_host: None,
         }
     }
 }

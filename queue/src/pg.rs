@@ -43,8 +43,11 @@ pub struct Db {
 
 impl Db {
     pub fn open(url: &PgUrl) -> Result<Db> {
-        let mut client = connect(url)?;
-        migrate(&mut client, url)?;
+        let client = off_runtime(|| {
+            let mut client = connect(url)?;
+            migrate(&mut client, url)?;
+            Ok::<_, Error>(client)
+        })?;
         Ok(Db {
             url: url.clone(),
             writer: Mutex::new(Conn { client: Some(client), cache: Cache::new() }),
@@ -54,10 +57,18 @@ impl Db {
 
     /// Runs `f` with a live connection, opening one (again) when needed, and runs it again
     /// after a lost connection, a deadlock or a serialisation failure (each rolled back).
-    fn with_conn<T>(
+    fn with_conn<T: Send>(
         &self,
         conn: &Mutex<Conn>,
-        f: &mut dyn FnMut(&mut Client, &mut Cache) -> Result<T>,
+        f: &mut (dyn FnMut(&mut Client, &mut Cache) -> Result<T> + Send),
+    ) -> Result<T> {
+        off_runtime(|| self.with_conn_here(conn, f))
+    }
+
+    fn with_conn_here<T>(
+        &self,
+        conn: &Mutex<Conn>,
+        f: &mut (dyn FnMut(&mut Client, &mut Cache) -> Result<T> + Send),
     ) -> Result<T> {
         let started = Instant::now();
         let mut pause = Duration::from_millis(50);
@@ -94,7 +105,10 @@ impl Db {
 
     /// One transaction with the database's time read inside it; returns its result and
     /// whether it changed anything (and then it notified the schema's channel).
-    pub fn write<T>(&self, f: &mut dyn FnMut(&mut dyn Tx, f64) -> Result<T>) -> Result<(T, bool)> {
+    pub fn write<T: Send>(
+        &self,
+        f: &mut (dyn FnMut(&mut dyn Tx, f64) -> Result<T> + Send),
+    ) -> Result<(T, bool)> {
         let channel = self.url.listen.then(|| self.url.channel());
         self.with_conn(&self.writer, &mut |client, cache| {
             // BEGIN with the clock, and NOTIFY with COMMIT, each in one round trip: a claim is
@@ -138,11 +152,31 @@ impl Db {
         })
     }
 
-    pub fn read<T>(&self, f: &mut dyn FnMut(&mut dyn Tx) -> Result<T>) -> Result<T> {
+    pub fn read<T: Send>(&self, f: &mut (dyn FnMut(&mut dyn Tx) -> Result<T> + Send)) -> Result<T> {
         self.with_conn(&self.reader, &mut |client, cache| {
             f(&mut PgTx { client, cache, changed: false })
         })
     }
+}
+
+impl Drop for Db {
+    fn drop(&mut self) {
+        // Closing a connection blocks on the driver's runtime too (see `off_runtime`).
+        let conns = [&mut self.writer, &mut self.reader]
+            .map(|m| std::mem::take(m.get_mut().unwrap_or_else(|e| e.into_inner())));
+        off_runtime(move || drop(conns));
+    }
+}
+
+/// Runs `f` on a thread of its own and waits for it. The driver blocks on a small runtime of
+/// its own, which tokio refuses on a thread that drives an async runtime (the MCP server, the
+/// worker and the TUI call the store from such threads, as they may with SQLite); a scoped
+/// thread is outside any runtime, and lets `f` borrow what the caller holds.
+fn off_runtime<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    std::thread::scope(|s| match s.spawn(f).join() {
+        Ok(r) => r,
+        Err(panic) => std::panic::resume_unwind(panic),
+    })
 }
 
 /// Errors after which running the transaction again is right: it was rolled back.

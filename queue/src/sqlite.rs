@@ -109,7 +109,7 @@ impl Db {
     pub fn write<T>(
         &self,
         durability: Durability,
-        f: &mut dyn FnMut(&mut dyn Tx, f64) -> Result<T>,
+        f: &mut (dyn FnMut(&mut dyn Tx, f64) -> Result<T> + Send),
     ) -> Result<(T, bool)> {
         let mut conn = self.lock();
         if durability == Durability::CrashSafe {
@@ -137,7 +137,7 @@ impl Db {
         Conn(&conn).exec(sql, args)
     }
 
-    pub fn read<T>(&self, f: &mut dyn FnMut(&mut dyn Tx) -> Result<T>) -> Result<T> {
+    pub fn read<T>(&self, f: &mut (dyn FnMut(&mut dyn Tx) -> Result<T> + Send)) -> Result<T> {
         let conn = self.reader.lock().unwrap_or_else(|e| e.into_inner());
         f(&mut Conn(&conn))
     }

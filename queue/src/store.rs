@@ -301,17 +301,20 @@ impl Store {
         self.listeners.lock().unwrap_or_else(|e| e.into_inner()).push(Arc::new(f));
     }
 
-    pub(crate) fn write<T>(&self, f: impl FnMut(&mut dyn Tx, f64) -> Result<T>) -> Result<T> {
+    pub(crate) fn write<T: Send>(
+        &self,
+        f: impl FnMut(&mut dyn Tx, f64) -> Result<T> + Send,
+    ) -> Result<T> {
         self.write_with(Durability::Full, f)
     }
 
     /// Runs `f` as one transaction with the database's time read inside it. On PostgreSQL `f`
     /// may run more than once (after a lost connection or a deadlock, each rolled back), so it
     /// must decide from what it reads, never from state of its own.
-    fn write_with<T>(
+    fn write_with<T: Send>(
         &self,
         durability: Durability,
-        mut f: impl FnMut(&mut dyn Tx, f64) -> Result<T>,
+        mut f: impl FnMut(&mut dyn Tx, f64) -> Result<T> + Send,
     ) -> Result<T> {
         let (out, changed) = match &self.backend {
             Backend::Sqlite(db) => db.write(durability, &mut f)?,
@@ -331,7 +334,10 @@ impl Store {
         Ok(out)
     }
 
-    pub(crate) fn read<T>(&self, mut f: impl FnMut(&mut dyn Tx) -> Result<T>) -> Result<T> {
+    pub(crate) fn read<T: Send>(
+        &self,
+        mut f: impl FnMut(&mut dyn Tx) -> Result<T> + Send,
+    ) -> Result<T> {
         match &self.backend {
             Backend::Sqlite(db) => db.read(&mut f),
             Backend::Postgres(db) => db.read(&mut f),
@@ -419,9 +425,9 @@ impl Store {
                         no_network, no_shell, worktree_keep, max_attempts, timeout_s,
                         question_timeout_s, request_id, status, created_at, updated_at,
                         ask_rules, max_cost_usd, max_tokens, budget_group, base_ref, parent,
-                        session_id, remote)
+                        session_id, remote, worker_host)
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15,
-                        'queued', ?16, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24)
+                        'queued', ?16, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25)
                      ON CONFLICT (request_id) DO NOTHING RETURNING id",
                     args![
                         title,
@@ -449,6 +455,7 @@ impl Store {
                         spec.parent.map(|p| p.0),
                         &spec.session_id,
                         &spec.remote,
+                        &spec.session_host,
                     ],
                 )?;
                 match inserted {
@@ -686,7 +693,9 @@ impl Store {
     pub fn claim_next(&self, worker: &str, host: &str, lease: Duration) -> Result<Option<Claim>> {
         // What a claim sets, and which tasks it may take, the same on both backends. A task
         // whose agent is blocked on a decision in another live worker's server is that
-        // worker's to resume: only it can answer the blocked request.
+        // worker's to resume: only it can answer the blocked request. A task that resumes an
+        // agent session stays on the host whose agent keeps that session while a worker lives
+        // there (several hosts share a PostgreSQL queue; their agents do not share sessions).
         const SET: &str = "status = 'running', worker = ?1, worker_host = ?2,
             lease_token = lease_token + 1, lease_until = ?3 + ?4,
             attempts = attempts + CASE WHEN pending_answer IS NULL THEN 1 ELSE 0 END,
@@ -699,6 +708,9 @@ impl Store {
                  ON p.id = d.depends_on WHERE d.task_id = t.id AND p.status != 'done')
             AND (t.parked_worker IS NULL OR t.parked_worker = ?1
                  OR NOT EXISTS (SELECT 1 FROM workers w WHERE w.id = t.parked_worker
+                     AND w.stopped_at IS NULL AND w.heartbeat_at > ?3 - ?5))
+            AND (t.session_id IS NULL OR t.worker_host IS NULL OR t.worker_host = ?2
+                 OR NOT EXISTS (SELECT 1 FROM workers w WHERE w.host = t.worker_host
                      AND w.stopped_at IS NULL AND w.heartbeat_at > ?3 - ?5))";
         static SQLITE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
             // INDEXED BY: left to itself the planner takes the status index and sorts every

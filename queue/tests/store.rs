@@ -46,6 +46,7 @@ on_both!(
     several_processes_creating_the_database_at_once_all_open_it,
     concurrent_duplicate_submits_make_one_task,
     fencing_rejects_every_write_from_an_expired_lease,
+    a_session_is_resumed_on_the_host_that_keeps_it_while_a_worker_lives_there,
 );
 
 fn open(b: Backend) -> (Db, Store) {
@@ -1043,4 +1044,40 @@ fn fencing_rejects_every_write_from_an_expired_lease(b: Backend) {
     assert_eq!((t.status, t.worker.as_deref(), t.branch), (TaskStatus::Running, Some("w2"), None));
     store.heartbeat(id, new.token, LEASE).unwrap();
     assert_eq!(store.finish(id, new.token, done()).unwrap().status, TaskStatus::Done);
+}
+
+/// An answered question resumes the agent's session, which lives with the agent on the host
+/// that ran it: while a worker lives on that host, workers elsewhere leave the task alone; a
+/// follow-up goes to its parent's host the same way.
+fn a_session_is_resumed_on_the_host_that_keeps_it_while_a_worker_lives_there(b: Backend) {
+    let (_d, store) = open(b);
+    store.register_worker("a1", 1, "host-a", 1, "opencode run").unwrap();
+    store.register_worker("b1", 2, "host-b", 1, "opencode run").unwrap();
+    let id = submit(&store, "a");
+    let c = store.claim_next("a1", "host-a", LEASE).unwrap().unwrap();
+    let outcome = Outcome::Waiting {
+        question: "A or B?".into(),
+        session_id: "ses_1".into(),
+        result: None,
+        ask: None,
+    };
+    store.finish(id, c.token, outcome).unwrap();
+    store.answer(id, "A", "cli").unwrap();
+    assert!(store.claim_next("b1", "host-b", LEASE).unwrap().is_none(), "host-a keeps ses_1");
+    store.register_worker("a2", 3, "host-a", 1, "opencode run").unwrap();
+    let c = store.claim_next("a2", "host-a", LEASE).unwrap().unwrap();
+    assert_eq!(c.resume.unwrap().session_id, "ses_1");
+    store.finish(id, c.token, done()).unwrap();
+
+    let mut follow = spec("and now the tests");
+    follow.parent = Some(id);
+    follow.session_id = Some("ses_1".into());
+    follow.session_host = Some("host-a".into());
+    let f = store.submit(follow).unwrap().0.id;
+    assert!(store.claim_next("b1", "host-b", LEASE).unwrap().is_none());
+    // Nobody lives on host-a any more: the follow-up may run elsewhere rather than wait for a
+    // host that may never return.
+    store.worker_stopped("a1").unwrap();
+    store.worker_stopped("a2").unwrap();
+    assert_eq!(store.claim_next("b1", "host-b", LEASE).unwrap().unwrap().task.id, f);
 }

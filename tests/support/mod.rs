@@ -89,6 +89,11 @@ pub struct Env {
     pub repo: PathBuf,
     pub oc_home: PathBuf,
     pub opencode_config: Option<String>,
+    /// `--db` for every command (TASKBRIDGE_DB): a PostgreSQL schema of its own, see
+    /// [`Env::on_postgres`]; `None` for the home's SQLite file.
+    pub db: Option<String>,
+    /// This world made the schema and drops it.
+    owns_db: bool,
 }
 
 impl Env {
@@ -106,7 +111,29 @@ impl Env {
         git(&repo, &["add", "."]);
         git(&repo, &["commit", "-qm", "initial"]);
         let repo = repo.canonicalize().unwrap();
-        Env { dir, home, repo, oc_home, opencode_config: None }
+        Env { dir, home, repo, oc_home, opencode_config: None, db: None, owns_db: false }
+    }
+
+    /// The same world with its queue in a fresh schema on the test PostgreSQL server, which
+    /// is dropped with the world.
+    pub fn on_postgres(mut self) -> Env {
+        self.db = Some(pg_schema_url());
+        self.owns_db = true;
+        self
+    }
+
+    /// The same world on the queue `db` (which it does not drop).
+    pub fn with_db(mut self, db: &str) -> Env {
+        self.db = Some(db.to_owned());
+        self
+    }
+
+    /// A second world (its own home, repository and agent home) on this one's queue: another
+    /// host, as far as the queue can tell.
+    pub fn sharing_queue(&self) -> Env {
+        let mut other = Env::new();
+        other.db = self.db.clone();
+        other
     }
 
     pub fn with_mock(mut self, mock: &mock_anthropic::MockAnthropic) -> Env {
@@ -162,6 +189,10 @@ impl Env {
             .envs(git_env())
             .env_remove("TASKBRIDGE_TOKEN")
             .env_remove("ANTHROPIC_API_KEY");
+        match &self.db {
+            Some(db) => c.env("TASKBRIDGE_DB", db),
+            None => c.env_remove("TASKBRIDGE_DB"),
+        };
         if let Some(cfg) = &self.opencode_config {
             c.env("TASKBRIDGE_OPENCODE", opencode()).env("OPENCODE_CONFIG_CONTENT", cfg);
         }
@@ -471,4 +502,40 @@ asyncio.run(main())
         .unwrap();
     assert!(out.status.success(), "python: {}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The PostgreSQL server of the tests (`.ci/run` starts one with `.ci/pg`).
+pub fn pg_server() -> String {
+    std::env::var("TASKBRIDGE_TEST_PG").unwrap_or_else(|_| {
+        panic!(
+            "the PostgreSQL tests need a server: set TASKBRIDGE_TEST_PG=postgres://… \
+             (`.ci/pg start DIR` starts a throwaway one and prints its URL; .ci/run does this)"
+        )
+    })
+}
+
+/// A URL for a schema no other test uses.
+pub fn pg_schema_url() -> String {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+    let server = pg_server();
+    let sep = if server.contains('?') { '&' } else { '?' };
+    format!("{server}{sep}schema=e2e_{}_{n}_{nanos}", std::process::id())
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        let Some(schema) = self.db.as_deref().and_then(|d| d.split("schema=").nth(1)) else {
+            return;
+        };
+        if !self.owns_db {
+            return;
+        }
+        let schema = schema.split('&').next().unwrap_or(schema);
+        if let Ok(mut c) = postgres::Client::connect(&pg_server(), postgres::NoTls) {
+            let _ = c.batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"));
+        }
+    }
 }

@@ -22,6 +22,7 @@ pub mod merge;
 pub mod models;
 pub mod notify;
 pub mod process;
+pub mod remote;
 pub mod result;
 pub mod runner;
 pub mod serve;

@@ -55,7 +55,16 @@ pub fn merge_task(
     let how_word = if squash { "squash" } else { "merge" };
     let message =
         format!("taskbridge: {how_word} task {}: {}\n\n{}", id.0, task.title, result.summary);
-    let merged = git::merge_into(Path::new(&task.repo), &commit, &into, squash, &message)
+    // Work done by a worker on another host is on the remote, not here yet.
+    let repo = Path::new(&task.repo);
+    let have = git2::Repository::open(repo)
+        .ok()
+        .is_some_and(|r| git2::Oid::from_str(&commit).is_ok_and(|oid| r.find_commit(oid).is_ok()));
+    if !have && let (Some(remote), Some(branch)) = (&task.remote, &task.branch) {
+        crate::remote::fetch_branch(repo, remote, branch)
+            .map_err(|e| Error::Repo(format!("task {}: its work is not here: {e}", id.0)))?;
+    }
+    let merged = git::merge_into(repo, &commit, &into, squash, &message)
         .map_err(|e| Error::Repo(format!("task {}: {e}", id.0)))?;
     // Its branch carries the work of what it was stacked on (and so on): they are merged too.
     let mut ids = vec![id];

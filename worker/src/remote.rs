@@ -95,9 +95,9 @@ pub fn mirror_dir(mirrors: &Path, remote: &str) -> PathBuf {
         .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' })
         .collect();
     // FNV-1a: stable across builds and hosts, unlike std's hasher.
-    let hash = remote.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    });
+    let hash = remote
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
     mirrors.join(format!("{tail}-{:012x}.git", hash & 0xffff_ffff_ffff))
 }
 

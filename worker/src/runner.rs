@@ -85,6 +85,9 @@ pub struct WorkerConfig {
     /// Fault injection for the chaos tests (`TASKBRIDGE_FAULT_WORKTREE_PAUSE_MS`): a pause in
     /// the middle of making a worktree, so a kill can land there.
     pub fault_worktree_pause: Option<Duration>,
+    /// Run every task that has a remote from this worker's mirror of it (and push its branch
+    /// back), even when the repository is on this host (`--use-remote`).
+    pub use_remote: bool,
 }
 
 impl Default for WorkerConfig {
@@ -102,6 +105,7 @@ impl Default for WorkerConfig {
             opencode_config_content: None,
             notify: NotifyConfig::default(),
             fault_worktree_pause: None,
+            use_remote: false,
         }
     }
 }
@@ -168,6 +172,9 @@ pub struct Worker {
     /// server has set itself up for those directories, which takes it over a second for a new
     /// one, most of a one-turn task.
     spares: std::sync::Mutex<Vec<Spare>>,
+    /// Held while a mirror is fetched: two fetches into one repository would fight over its
+    /// ref locks.
+    mirrors: Arc<std::sync::Mutex<()>>,
 }
 
 /// A spare worktree: clean, detached, ready to be put on the next task's branch.
@@ -217,6 +224,7 @@ impl Worker {
             notifier,
             server,
             spares: Default::default(),
+            mirrors: Default::default(),
         })
     }
 
@@ -459,7 +467,21 @@ impl Worker {
         let (stop_tx, stop_rx) = watch::channel(None);
         let heartbeat = tokio::spawn(self.clone().heartbeat(id, token, stop_tx, shutdown));
 
-        let outcome = self.run_once(&task, token, resume, new_notes, &mut log, stop_rx).await;
+        // A repository that is not here (another host submitted it) is run from a mirror of
+        // its remote; the task then carries the mirror as its repository for this run.
+        let mut early = None;
+        let (task, mirror) = match self.repository(&task, &mut log).await {
+            Ok(Some(dir)) => (Task { repo: dir.display().to_string(), ..task }, Some(dir)),
+            Ok(None) => (task, None),
+            Err(outcome) => {
+                early = Some(outcome);
+                (task, None)
+            }
+        };
+        let outcome = match early {
+            Some(o) => Ok(Some(o)),
+            None => self.run_once(&task, token, resume, new_notes, &mut log, stop_rx).await,
+        };
         heartbeat.abort();
         let outcome = match outcome {
             Ok(Some(o)) => o,
@@ -476,6 +498,13 @@ impl Worker {
                 }
             }
         };
+        // Work done from a mirror reaches the remote before the task is called done.
+        let outcome = match (&mirror, outcome) {
+            (Some(dir), Outcome::Done { result }) => {
+                self.push_back(&task, dir, result, &mut log).await
+            }
+            (_, o) => o,
+        };
         let summary = describe(&outcome);
         match self.blocking(move |s| s.finish(id, token, outcome)).await {
             Ok(t) => {
@@ -490,6 +519,96 @@ impl Worker {
             Err(e) => return Err(e),
         }
         Ok(())
+    }
+
+    /// Where this worker runs the task: `None` for the submitter's repository, when it is here
+    /// (and `--use-remote` is off); else a mirror of the task's remote under this worker's home,
+    /// fetched now. A task that cannot be run here comes back as its outcome.
+    async fn repository(
+        &self,
+        task: &Task,
+        log: &mut TaskLog,
+    ) -> std::result::Result<Option<PathBuf>, Outcome> {
+        let here = git2::Repository::open(&task.repo).is_ok();
+        if here && !self.cfg.use_remote {
+            return Ok(None);
+        }
+        let Some(remote) = task.remote.clone() else {
+            if here {
+                log.line("the task has no remote; running it in the repository on this host");
+                return Ok(None);
+            }
+            return Err(Outcome::FailedPermanently {
+                error: format!(
+                    "the repository {} is not on this host ({}) and the task has no remote to                      fetch it from; submit it with --remote URL, or run a worker on the host                      that has the repository",
+                    task.repo, self.host
+                ),
+                result: None,
+            });
+        };
+        let dir = crate::remote::mirror_dir(&self.home.root().join("mirrors"), &remote);
+        log.line(&format!(
+            "{}: running from the mirror {} of {remote}",
+            if here { "--use-remote" } else { "the repository is not on this host" },
+            dir.display()
+        ));
+        let (d, r, lock) = (dir.clone(), remote.clone(), self.mirrors.clone());
+        let synced = tokio::task::spawn_blocking(move || {
+            let _one_at_a_time = lock.lock().unwrap_or_else(|e| e.into_inner());
+            crate::remote::sync_mirror(&d, &r)
+        })
+        .await
+        .map_err(|e| Error::Join(e.to_string()))
+        .and_then(|r| r);
+        match synced {
+            Ok(()) => Ok(Some(dir)),
+            Err(e) => Err(Outcome::Failed {
+                error: format!("could not fetch the repository from {remote}: {e}"),
+                result: None,
+                backoff_s: self.backoff(task.attempts),
+            }),
+        }
+    }
+
+    /// Pushes the branch of a task run from a mirror to its remote. A push that fails is a
+    /// failed attempt (retried), never a done task whose work nobody else can reach.
+    async fn push_back(
+        &self,
+        task: &Task,
+        mirror: &Path,
+        mut result: serde_json::Value,
+        log: &mut TaskLog,
+    ) -> Outcome {
+        let id = task.id;
+        let remote = task.remote.clone().unwrap_or_default();
+        let branch = match self.blocking(move |s| s.get(id)).await {
+            Ok(t) => t.branch.unwrap_or_else(|| git::branch_name(id.0)),
+            Err(_) => git::branch_name(id.0),
+        };
+        let (m, r, b) = (mirror.to_path_buf(), remote.clone(), branch.clone());
+        let pushed = tokio::task::spawn_blocking(move || crate::remote::push_branch(&m, &r, &b))
+            .await
+            .map_err(|e| Error::Join(e.to_string()))
+            .and_then(|r| r);
+        match pushed {
+            Ok(()) => {
+                log.line(&format!("pushed {branch} to {remote}"));
+                if let Some(obj) = result.as_object_mut() {
+                    obj.insert("pushed_to".into(), format!("{remote} {branch}").into());
+                }
+                Outcome::Done { result }
+            }
+            Err(e) => {
+                log.line(&format!("error: {e}"));
+                Outcome::Failed {
+                    error: format!(
+                        "the work is done but could not be pushed, so it is not done yet: {e}"
+                    ),
+                    result: Some(result),
+                    backoff_s: self.backoff(task.attempts),
+                }
+            }
+        }
     }
 
     /// Extends the lease while the run lasts and turns cancel requests, a lost lease and

@@ -35,10 +35,13 @@ impl SubmitRequest {
                 spec.ask.push(rule);
             }
         }
+        // The remote a worker elsewhere fetches from: the one given, else `origin`.
+        let remote = spec.remote.clone().or_else(|| crate::remote::origin_url(&resolved.toplevel));
         Ok(TaskSpec {
             repo: resolved.toplevel.display().to_string(),
             base: resolved.base,
             base_ref: resolved.branch,
+            remote,
             ..spec
         })
     }
@@ -73,6 +76,35 @@ pub fn submit_batch(
         }
     }
     let specs = reqs.into_iter().map(|r| r.resolve(cwd)).collect::<Result<Vec<_>>>()?;
+    if store.location().is_shared() {
+        // Workers on other hosts must be able to fetch each base: checked (and pushed when
+        // needed) before anything is stored, so a refusal stores nothing.
+        let mut seen = std::collections::BTreeSet::new();
+        for spec in &specs {
+            match &spec.remote {
+                Some(remote)
+                    if seen.insert((spec.repo.clone(), remote.clone(), spec.base.clone())) =>
+                {
+                    if let Some(pushed) =
+                        crate::remote::ensure_fetchable(Path::new(&spec.repo), remote, &spec.base)?
+                    {
+                        warnings.push(format!(
+                            "the base {} was on no ref of {remote}; pushed it to {pushed} so that \
+                             workers on other hosts can fetch it",
+                            &spec.base[..spec.base.len().min(12)]
+                        ));
+                    }
+                }
+                Some(_) => {}
+                None => warnings.push(format!(
+                    "{} has no remote (no origin and no --remote), so only a worker on this \
+                     host ({}) can run the task",
+                    spec.repo,
+                    crate::runner::hostname()
+                )),
+            }
+        }
+    }
     let tasks = store.submit_batch_budgeted(specs, shared)?;
     let alive = store.list_workers()?.iter().filter(|w| !w.stopped && !w.stale).count();
     if alive == 0 && tasks.iter().any(|(t, _)| !t.status.is_terminal()) {
@@ -141,6 +173,7 @@ pub fn followup(store: &Store, parent: queue::TaskId, prompt: &str) -> Result<Ta
     spec.title = Some(format!("Follow-up to #{}: {short}", parent.0));
     spec.parent = Some(parent);
     spec.session_id = Some(session);
+    spec.session_host = p.worker_host.clone();
     spec.model = p.model.clone();
     spec.agent = p.agent.clone();
     spec.readonly = p.readonly;
@@ -148,6 +181,7 @@ pub fn followup(store: &Store, parent: queue::TaskId, prompt: &str) -> Result<Ta
     spec.no_shell = p.no_shell;
     spec.ask = p.ask_rules.clone();
     spec.base_ref = p.base_ref.clone();
+    spec.remote = p.remote.clone();
     spec.max_attempts = p.max_attempts;
     spec.timeout_s = p.timeout_s;
     spec.question_timeout_s = p.question_timeout_s;

@@ -1,0 +1,211 @@
+//! A queue shared by several hosts, end to end through the real binary: PostgreSQL as the queue,
+//! a bare repository served over the network on loopback (`git daemon`) as the remote, and
+//! workers with separate homes, one of which runs from its mirror of the remote
+//! (`--use-remote`), as a worker on another host does. Also `taskbridge migrate`, and the
+//! database password kept out of what TaskBridge prints and logs. The agent is a stand-in
+//! script: what is tested is the queue and git across hosts, not the model.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+use support::*;
+
+/// An agent that writes which worktree it ran in, then takes a moment.
+fn stand_in_agent(dir: &Path) -> PathBuf {
+    script(dir, "agent", "cat > /dev/null\nbasename \"$PWD\" > agent-was-here.txt\nsleep 0.2\n")
+}
+
+fn worker(env: &Env, agent: &Path, extra: &[&str]) -> Child {
+    Child(
+        env.cmd()
+            .args(["worker", "--concurrency", "2"])
+            .args(extra)
+            .env("TASKBRIDGE_OPENCODE", agent)
+            .env("TASKBRIDGE_OPENCODE_MODE", "run")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    )
+}
+
+/// A bare repository served read-write by `git daemon` on a free loopback port.
+struct GitDaemon {
+    _proc: Child,
+    url: String,
+    bare: PathBuf,
+}
+
+fn git_daemon(dir: &Path) -> GitDaemon {
+    let base = dir.join("served");
+    std::fs::create_dir_all(&base).unwrap();
+    let bare = base.join("app.git");
+    git(&base, &["init", "-q", "--bare", "-b", "main", "app.git"]);
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let proc = Command::new("git")
+        .args(["daemon", "--export-all", "--enable=receive-pack", "--reuseaddr"])
+        .arg(format!("--base-path={}", base.display()))
+        .args(["--listen=127.0.0.1", &format!("--port={port}")])
+        .arg(&base)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let url = format!("git://127.0.0.1:{port}/app.git");
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            Command::new("git").args(["ls-remote", &url]).output().is_ok_and(|o| o.status.success())
+        }),
+        "git daemon did not come up"
+    );
+    GitDaemon { _proc: Child(proc), url, bare }
+}
+
+#[test]
+fn two_hosts_share_a_postgres_queue_and_the_remote_workers_branch_arrives_on_the_remote() {
+    let here = Env::new().on_postgres();
+    let daemon = git_daemon(here.dir.path());
+    git(&here.repo, &["remote", "add", "origin", &daemon.url]);
+    git(&here.repo, &["push", "-q", "origin", "main"]);
+    // A commit that is on no branch of the remote: submit must push it for the other host.
+    std::fs::write(here.repo.join("local.txt"), "only here\n").unwrap();
+    git(&here.repo, &["add", "."]);
+    git(&here.repo, &["commit", "-qm", "not pushed"]);
+    let base = git_out(&here.repo, &["rev-parse", "HEAD"]);
+
+    let out = here.run(&["submit", "first", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(&format!("refs/taskbridge/base/{base}")), "{stderr}");
+    let on_remote = git_out(&daemon.bare, &["rev-parse", &format!("refs/taskbridge/base/{base}")]);
+    assert_eq!(on_remote, base);
+    let first: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(first["remote"], daemon.url.as_str(), "the default remote is origin");
+    let mut ids = vec![first["id"].as_i64().unwrap()];
+    ids.extend((1..6).map(|i| here.submit(&[&format!("task {i}")])));
+
+    // Two workers, separate homes: one here, one that runs from its mirror of the remote.
+    let elsewhere = here.sharing_queue();
+    let agent_here = stand_in_agent(here.dir.path());
+    let agent_there = stand_in_agent(elsewhere.dir.path());
+    let _w1 = worker(&here, &agent_here, &[]);
+    let _w2 = worker(&elsewhere, &agent_there, &["--use-remote"]);
+
+    let mut by_mirror = Vec::new();
+    for &id in &ids {
+        let t = here.wait_task(id, Duration::from_secs(90), |t| {
+            t["status"] == "done" || t["status"] == "failed"
+        });
+        assert_eq!(t["status"], "done", "task {id}: {t:#}");
+        let result = &t["result"];
+        if result["pushed_to"].is_string() {
+            by_mirror.push((id, result["commit"].as_str().unwrap().to_owned()));
+        }
+    }
+    assert!(!by_mirror.is_empty(), "the --use-remote worker ran none of the tasks");
+    assert!(by_mirror.len() < ids.len(), "the local worker ran none of the tasks");
+    for (id, commit) in &by_mirror {
+        // The agent's commit is on the remote, on the task's branch, on top of the base.
+        let branch = format!("refs/heads/taskbridge/task-{id}");
+        assert_eq!(&git_out(&daemon.bare, &["rev-parse", &branch]), commit);
+        let file = git_out(&daemon.bare, &["show", &format!("{commit}:agent-was-here.txt")]);
+        assert_eq!(file, format!("task-{id}"));
+        assert_eq!(git_out(&daemon.bare, &["rev-parse", &format!("{commit}^")]), base);
+    }
+    // Both workers show their hosts; the mirror lives under the remote worker's home.
+    let workers = here.ok(&["list-workers", "--json"]);
+    let workers: serde_json::Value = serde_json::from_str(&workers).unwrap();
+    assert_eq!(workers.as_array().unwrap().len(), 2);
+    assert!(workers.as_array().unwrap().iter().all(|w| w["host"].is_string()));
+    assert!(std::fs::read_dir(elsewhere.home.join("mirrors")).unwrap().count() > 0);
+
+    // The submitter merges a task the other worker ran: its branch is fetched from the remote.
+    let (id, commit) = &by_mirror[0];
+    here.ok(&["merge", &id.to_string()]);
+    let merged_log = git_out(&here.repo, &["log", "--format=%H", "main"]);
+    assert!(merged_log.lines().any(|l| l == commit), "main has the remote task's commit");
+}
+
+#[test]
+fn a_base_that_cannot_be_published_refuses_the_submit_and_stores_nothing() {
+    let env = Env::new().on_postgres();
+    // A remote nobody serves: the base cannot be checked or pushed.
+    git(&env.repo, &["remote", "add", "origin", "git://127.0.0.1:9/nothing.git"]);
+    let out = env.run(&["submit", "needs a reachable base"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("git://127.0.0.1:9/nothing.git") && err.contains("--remote"), "{err}");
+    let list = env.ok(&["list", "--json"]);
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&list).unwrap(), serde_json::json!([]));
+}
+
+#[test]
+fn migrate_copies_a_sqlite_queue_into_postgres_and_ids_go_on_from_there() {
+    let env = Env::new();
+    let a = env.submit(&["first", "--priority", "5"]);
+    let b = env.submit(&["second", "--depends-on", &a.to_string()]);
+    env.ok(&["note", &b.to_string(), "mind the tests"]);
+    env.ok(&["cancel", &a.to_string()]);
+    let before = env.ok(&["list", "--json"]);
+    let target = pg_schema_url();
+    let sqlite = env.home.join("taskbridge.db");
+    let out =
+        env.ok(&["migrate", "--from", &format!("sqlite:{}", sqlite.display()), "--to", &target]);
+    assert!(out.contains("tasks 2") && out.contains("task_deps 1"), "{out}");
+    let on_pg = Env::new().with_db(&target);
+    let after = on_pg.ok(&["list", "--json"]);
+    let strip = |v: &str| -> serde_json::Value {
+        let mut v: serde_json::Value = serde_json::from_str(v).unwrap();
+        for t in v.as_array_mut().unwrap() {
+            t.as_object_mut().unwrap().remove("worker_host");
+        }
+        v
+    };
+    assert_eq!(strip(&before), strip(&after), "every task as it was, ids included");
+    let shown = on_pg.show(b);
+    assert_eq!(shown["notes"][0]["note"], "mind the tests");
+    assert_eq!(shown["status"], "failed", "it failed with its dependency");
+    let c = on_pg.submit(&["third"]);
+    assert_eq!(c, b + 1, "new ids go on after the copied ones");
+    // A second migrate into the same (now full) queue is refused.
+    let again =
+        env.run(&["migrate", "--from", &format!("sqlite:{}", sqlite.display()), "--to", &target]);
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("empty queue"));
+    drop(on_pg);
+    let mut c = postgres::Client::connect(&pg_server(), postgres::NoTls).unwrap();
+    let schema = target.split("schema=").nth(1).unwrap();
+    c.batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE")).unwrap();
+}
+
+#[test]
+fn the_database_password_is_never_printed_or_logged() {
+    // The test server trusts every local login, so any password connects: what matters here is
+    // where the URL's password ends up.
+    let server = pg_server();
+    let with_password = server.replacen("taskbridge@", "taskbridge:hunter2-secret@", 1);
+    assert_ne!(with_password, server, "the test server URL names its user: {server}");
+    let env = Env::new().with_db(&format!("{with_password}?schema=e2e_pw_{}", std::process::id()));
+    env.submit(&["anything"]);
+    let status = env.ok(&["status"]);
+    assert!(status.contains("taskbridge:***@"), "{status}");
+    let json = env.ok(&["status", "--json"]);
+    let doctor = env.run(&["doctor"]);
+    let mut seen = format!("{status}{json}{}", String::from_utf8_lossy(&doctor.stdout));
+    seen.push_str(&String::from_utf8_lossy(&doctor.stderr));
+    // A worker that fails to reach a bad host logs the URL in its errors.
+    let bad = Env::new().with_db("postgres://taskbridge:hunter2-secret@127.0.0.1:1/postgres");
+    let out = bad.run(&["status"]);
+    seen.push_str(&String::from_utf8_lossy(&out.stderr));
+    for entry in std::fs::read_dir(env.home.join("logs")).unwrap().flatten() {
+        seen.push_str(&std::fs::read_to_string(entry.path()).unwrap_or_default());
+    }
+    assert!(!seen.contains("hunter2"), "the password leaked:\n{seen}");
+    let mut c = postgres::Client::connect(&server, postgres::NoTls).unwrap();
+    c.batch_execute(&format!("DROP SCHEMA IF EXISTS e2e_pw_{} CASCADE", std::process::id()))
+        .unwrap();
+}
