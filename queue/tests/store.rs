@@ -1081,3 +1081,52 @@ fn a_session_is_resumed_on_the_host_that_keeps_it_while_a_worker_lives_there(b: 
     store.worker_stopped("a2").unwrap();
     assert_eq!(store.claim_next("b1", "host-b", LEASE).unwrap().unwrap().task.id, f);
 }
+
+/// TLS to a remote database: `require` encrypts, `verify-full` also checks the server's
+/// certificate against `sslrootcert` (and refuses a server signed by another CA), `disable`
+/// does neither. The test server offers TLS with a throwaway CA (`.ci/pg`).
+#[test]
+fn postgres_tls_require_and_verify_full() {
+    let dir = std::env::var("TASKBRIDGE_TEST_PG_DIR")
+        .unwrap_or_else(|_| panic!("needs TASKBRIDGE_TEST_PG_DIR, the test server's directory"));
+    let ca = std::path::Path::new(&dir).join("ca.pem");
+    let mut admin = ::postgres::Client::connect(&support::pg_server(), ::postgres::NoTls).unwrap();
+    let mut encrypted = |params: &str, app: &str| -> bool {
+        let d = Db::with_params(Backend::Postgres, &format!("{params}&application_name={app}"));
+        let store = d.open();
+        store.submit(spec("over TLS or not")).unwrap();
+        let row = admin
+            .query_one(
+                "SELECT bool_and(s.ssl) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid)
+                  WHERE a.application_name = $1",
+                &[&app],
+            )
+            .unwrap();
+        row.get::<_, Option<bool>>(0).unwrap()
+    };
+    assert!(encrypted("&sslmode=require", "tb_tls_require"));
+    assert!(encrypted(
+        &format!("&sslmode=verify-full&sslrootcert={}", ca.display()),
+        "tb_tls_full"
+    ));
+    assert!(!encrypted("&sslmode=disable", "tb_tls_off"));
+
+    // Another CA: verify-full refuses the server and says why.
+    let other = tempfile::tempdir().unwrap();
+    let made = Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"])
+        .args(["-nodes", "-days", "1", "-subj", "/CN=someone else"])
+        .arg("-keyout")
+        .arg(other.path().join("k.pem"))
+        .arg("-out")
+        .arg(other.path().join("ca.pem"))
+        .output()
+        .unwrap();
+    assert!(made.status.success());
+    let d = Db::with_params(
+        Backend::Postgres,
+        &format!("&sslmode=verify-full&sslrootcert={}", other.path().join("ca.pem").display()),
+    );
+    let err = Store::connect(&d.location).err().unwrap().to_string();
+    assert!(err.to_lowercase().contains("certificate"), "{err}");
+}

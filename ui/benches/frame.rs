@@ -62,7 +62,11 @@ fn rss_kb() -> u64 {
 fn frame_bench(n: usize, frames: usize, log_lines: Option<&[String]>) {
     let mut m = Model::new(Keymap::load(None).unwrap(), "/tmp".into());
     m.now = 1.0e9 + 100.0;
-    m.handle(Event::Loaded { rows: rows(n), counts: BTreeMap::new(), workers_alive: 1 });
+    m.handle(Event::Loaded {
+        rows: rows(n),
+        counts: BTreeMap::new(),
+        workers: vec!["devbox".into()],
+    });
     if let Some(lines) = log_lines {
         m.update(taskbridge_ui::action::Action::OpenLogs);
         let id = m.selected_id().unwrap();
@@ -109,7 +113,11 @@ fn main() {
     let start = Instant::now();
     let chunk = worker::logs::read_log(&path, None, 256 * 1024).unwrap();
     let mut m = Model::new(Keymap::load(None).unwrap(), "/tmp".into());
-    m.handle(Event::Loaded { rows: rows(1), counts: BTreeMap::new(), workers_alive: 1 });
+    m.handle(Event::Loaded {
+        rows: rows(1),
+        counts: BTreeMap::new(),
+        workers: vec!["devbox".into()],
+    });
     m.update(taskbridge_ui::action::Action::OpenLogs);
     m.handle(Event::LogLoaded {
         id: 1,

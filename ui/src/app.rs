@@ -237,7 +237,8 @@ pub enum Event {
     Loaded {
         rows: Vec<TaskRow>,
         counts: BTreeMap<String, i64>,
-        workers_alive: usize,
+        /// The host of each live worker.
+        workers: Vec<String>,
     },
     DetailLoaded(Box<Task>),
     /// Other unmerged tasks that changed the same paths as this one, one line each.
@@ -298,6 +299,8 @@ pub struct Model {
     pub rows: Vec<TaskRow>,
     pub counts: BTreeMap<String, i64>,
     pub workers_alive: usize,
+    /// The hosts the live workers run on, each once.
+    pub worker_hosts: Vec<String>,
     pub selected: usize,
     pub focus: Focus,
     pub right: RightPane,
@@ -355,6 +358,7 @@ impl Model {
             rows: Vec::new(),
             counts: BTreeMap::new(),
             workers_alive: 0,
+            worker_hosts: Vec::new(),
             selected: 0,
             focus: Focus::Queue,
             right: RightPane::Detail,
@@ -456,9 +460,7 @@ impl Model {
                     _ => vec![],
                 }
             }
-            Event::Loaded { rows, counts, workers_alive } => {
-                self.loaded(rows, counts, workers_alive)
-            }
+            Event::Loaded { rows, counts, workers } => self.loaded(rows, counts, workers),
             Event::DetailLoaded(t) => {
                 if Some(t.id.0) == self.selected_id()
                     || self.detail.as_ref().is_some_and(|d| d.id == t.id)
@@ -553,7 +555,7 @@ impl Model {
         &mut self,
         rows: Vec<TaskRow>,
         counts: BTreeMap<String, i64>,
-        workers_alive: usize,
+        workers: Vec<String>,
     ) -> Vec<Effect> {
         let keep = self.selected_id();
         let mut effects = Vec::new();
@@ -580,7 +582,11 @@ impl Model {
             != keep.and_then(|k| rows.iter().find(|r| r.id.0 == k)).map(|r| (r.id, r.status));
         self.rows = rows;
         self.counts = counts;
-        self.workers_alive = workers_alive;
+        self.workers_alive = workers.len();
+        let mut hosts = workers;
+        hosts.sort();
+        hosts.dedup();
+        self.worker_hosts = hosts;
         if let Some(k) = keep
             && let Some(i) = self.rows.iter().position(|r| r.id.0 == k)
         {

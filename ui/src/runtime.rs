@@ -180,9 +180,16 @@ impl Effects {
         tokio::task::spawn_blocking(move || {
             let loaded = store.rows(filter).and_then(|rows| Ok((rows, store.queue_status()?)));
             let ev = match loaded {
-                Ok((rows, st)) => {
-                    Event::Loaded { rows, counts: st.counts, workers_alive: st.workers_alive }
-                }
+                Ok((rows, st)) => Event::Loaded {
+                    rows,
+                    counts: st.counts,
+                    workers: st
+                        .workers
+                        .into_iter()
+                        .filter(|w| !w.stopped && !w.stale)
+                        .map(|w| w.host)
+                        .collect(),
+                },
                 Err(e) => Event::OpDone(Err(format!("reading the queue: {e}"))),
             };
             let _ = tx.send(Msg::Ev(ev));

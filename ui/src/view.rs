@@ -207,8 +207,17 @@ fn header_spans(m: &Model) -> Vec<Span<'static>> {
     } else {
         "no worker in this TUI".into()
     };
-    let workers =
-        format!("{} worker{} alive", m.workers_alive, if m.workers_alive == 1 { "" } else { "s" });
+    // Where they run, once they run on more than one host (a queue shared by several).
+    let on = if m.worker_hosts.len() < 2 {
+        String::new()
+    } else {
+        format!(" on {}", m.worker_hosts.join(", "))
+    };
+    let workers = format!(
+        "{} worker{} alive{on}",
+        m.workers_alive,
+        if m.workers_alive == 1 { "" } else { "s" }
+    );
     let count = |k: &str, label: &str| {
         Span::styled(format!("{label} {} ", c(k)), Style::new().fg(status_color(k)))
     };
@@ -364,6 +373,10 @@ fn draw_detail(m: &Model, f: &mut Frame, area: Rect) {
     lines.push(Line::from(format!("repo {} @ {}", t.repo, &t.base[..t.base.len().min(10)])));
     if let Some(b) = &t.branch {
         lines.push(Line::from(format!("branch {b}")));
+    }
+    if let Some(h) = &t.worker_host {
+        let by = t.worker.as_deref().map(|w| format!(" (worker {w})")).unwrap_or_default();
+        lines.push(Line::from(format!("host {h}{by}")));
     }
     let ids =
         |v: &[queue::TaskId]| v.iter().map(|i| format!("#{}", i.0)).collect::<Vec<_>>().join(", ");

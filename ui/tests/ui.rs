@@ -45,7 +45,7 @@ fn model(rows: Vec<TaskRow>) -> Model {
     for r in &rows {
         *counts.entry(r.display_status().to_owned()).or_insert(0) += 1;
     }
-    m.handle(Event::Loaded { rows, counts, workers_alive: 1 });
+    m.handle(Event::Loaded { rows, counts, workers: vec!["devbox".into()] });
     m
 }
 
@@ -216,7 +216,8 @@ fn a_task_that_starts_waiting_rings_the_bell() {
     let mut rows = m.rows.clone();
     rows[1].status = TaskStatus::Waiting;
     rows[1].question = Some("Redis?".into());
-    let fx = m.handle(Event::Loaded { rows, counts: BTreeMap::new(), workers_alive: 1 });
+    let fx =
+        m.handle(Event::Loaded { rows, counts: BTreeMap::new(), workers: vec!["devbox".into()] });
     assert!(
         fx.iter().any(|e| matches!(e, Effect::Bell { title, .. } if title.contains("task 4 asks"))),
         "{fx:?}"
@@ -315,7 +316,11 @@ fn at_100_columns_the_counts_and_quit_stay_on_screen_and_titles_end_in_an_ellips
 fn an_empty_filter_says_so_and_how_to_change_it() {
     let mut m = busy();
     ch(&mut m, 'f');
-    m.handle(Event::Loaded { rows: vec![], counts: m.counts.clone(), workers_alive: 1 });
+    m.handle(Event::Loaded {
+        rows: vec![],
+        counts: m.counts.clone(),
+        workers: vec!["devbox".into()],
+    });
     let text = screen_text(&m, 100, 24);
     assert!(text.contains("No queued tasks (5 in all). Press f"), "{text}");
     assert!(!text.contains("Press n to submit"), "{text}");
@@ -602,4 +607,22 @@ fn the_detail_warns_of_other_unmerged_work_on_the_same_paths() {
     // Another task's overlaps are not shown on this one.
     m.handle(Event::OverlapsLoaded { id: 1, overlaps: vec!["#9 (done) also changes x".into()] });
     assert!(!screen_text(&m, 120, 40).contains("#9"));
+}
+
+#[test]
+fn workers_on_several_hosts_are_named_in_the_header_and_a_task_shows_its_host() {
+    let mut m = busy();
+    m.handle(Event::Loaded {
+        rows: m.rows.clone(),
+        counts: m.counts.clone(),
+        workers: vec!["build-2".into(), "devbox".into(), "build-2".into()],
+    });
+    ch(&mut m, 'j');
+    let mut t = queue_task(4);
+    t.worker_host = Some("build-2".into());
+    t.worker = Some("build-2:4242:17".into());
+    m.handle(Event::DetailLoaded(Box::new(t)));
+    let text = screen_text(&m, 160, 24);
+    assert!(text.contains("3 workers alive on build-2, devbox"), "{text}");
+    assert!(text.contains("host build-2 (worker build-2:4242:17)"), "{text}");
 }

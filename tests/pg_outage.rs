@@ -1,0 +1,124 @@
+//! PostgreSQL going away under running workers, through the real binary: the server restarted
+//! (`pg_ctl restart -m fast`) while two workers run tasks, and the change listener's connection
+//! killed by the server (`pg_terminate_backend`). Its own test binary, since it restarts the
+//! server every PostgreSQL test shares. The agent is a stand-in script.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use support::*;
+
+/// The two tests take turns: one restarts the server the other's connections are on.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn restart_server() {
+    let dir = std::env::var("TASKBRIDGE_TEST_PG_DIR").unwrap_or_else(|_| {
+        panic!("restarting needs the server's directory: TASKBRIDGE_TEST_PG_DIR (.ci/run sets it)")
+    });
+    let ci = Path::new(env!("CARGO_MANIFEST_DIR")).join(".ci/pg");
+    let out = Command::new(ci).args(["restart", &dir]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+fn worker(env: &Env, agent: &Path) -> Child {
+    Child(
+        env.cmd()
+            .args(["worker", "--concurrency", "2"])
+            .env("TASKBRIDGE_OPENCODE", agent)
+            .env("TASKBRIDGE_OPENCODE_MODE", "run")
+            .env("TASKBRIDGE_LEASE_S", "5")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    )
+}
+
+#[test]
+fn workers_ride_out_a_server_restart_and_every_task_ends_done_once() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let env = Env::new().on_postgres();
+    let runs = env.dir.path().join("runs.txt");
+    // Each run appends its task's worktree name, so a task run twice would show twice.
+    let agent = script(
+        env.dir.path(),
+        "agent",
+        &format!(
+            "cat > /dev/null\nbasename \"$PWD\" >> '{}'\nbasename \"$PWD\" > agent-was-here.txt\nsleep 0.3\n",
+            runs.display()
+        ),
+    );
+    let ids: Vec<i64> = (0..16).map(|i| env.submit(&[&format!("task {i}")])).collect();
+    let other = env.sharing_queue();
+    let _w1 = worker(&env, &agent);
+    let _w2 = worker(&other, &agent);
+    // Restart while tasks are claimed, running and finishing, twice.
+    for _ in 0..2 {
+        std::thread::sleep(Duration::from_millis(700));
+        restart_server();
+    }
+    for &id in &ids {
+        let t = env.wait_task(id, Duration::from_secs(120), |t| {
+            t["status"] == "done" || t["status"] == "failed"
+        });
+        assert_eq!(t["status"], "done", "task {id}: {t:#}");
+    }
+    let runs = std::fs::read_to_string(&runs).unwrap();
+    for &id in &ids {
+        let n = runs.lines().filter(|l| *l == format!("task-{id}")).count();
+        let t = env.show(id);
+        // A run is repeated only by a new attempt (a lease that lapsed while the server was
+        // down); no task is run twice at once or completed twice.
+        assert!(n >= 1, "task {id} never ran");
+        assert!(n as i64 <= t["attempts"].as_i64().unwrap(), "task {id} ran {n} times: {t:#}");
+    }
+    let st: serde_json::Value = serde_json::from_str(&env.ok(&["status", "--json"])).unwrap();
+    assert_eq!(st["counts"]["done"], ids.len());
+    assert_eq!(st["workers_alive"], 2, "both workers are still alive");
+    // The restarts really hit them: the workers' logs say they waited for the server.
+    let logs: String = [&env, &other]
+        .iter()
+        .flat_map(|e| std::fs::read_dir(e.home.join("logs")).unwrap().flatten())
+        .map(|f| std::fs::read_to_string(f.path()).unwrap_or_default())
+        .collect();
+    assert!(logs.contains("the database is unavailable; trying again"), "no outage was seen");
+}
+
+#[test]
+fn a_killed_listener_connection_reconnects_and_pickup_still_happens() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let env = Env::new().on_postgres();
+    let agent = script(env.dir.path(), "agent", "cat > /dev/null\necho hi > agent-was-here.txt\n");
+    let _w = worker(&env, &agent);
+    let first = env.submit(&["before"]);
+    env.wait_status(first, "done", Duration::from_secs(30));
+    let schema = env.db.as_deref().unwrap().split("schema=").nth(1).unwrap().to_owned();
+    let mut admin = postgres::Client::connect(&pg_server(), postgres::NoTls).unwrap();
+    let listeners = |admin: &mut postgres::Client| -> Vec<i32> {
+        admin
+            .query(
+                "SELECT pid FROM pg_stat_activity WHERE query = $1",
+                &[&format!("LISTEN \"taskbridge_{schema}\"")],
+            )
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+    };
+    let before = listeners(&mut admin);
+    assert_eq!(before.len(), 1, "the worker listens on its schema's channel");
+    admin.execute("SELECT pg_terminate_backend($1)", &[&before[0]]).unwrap();
+    // It comes back on a new connection.
+    let started = Instant::now();
+    assert!(eventually(Duration::from_secs(15), || {
+        let now = listeners(&mut admin);
+        now.len() == 1 && now[0] != before[0]
+    }));
+    let second = env.submit(&["after"]);
+    env.wait_status(second, "done", Duration::from_secs(30));
+    assert!(started.elapsed() < Duration::from_secs(30));
+}
