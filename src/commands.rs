@@ -83,6 +83,9 @@ pub fn run(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode> {
             let task = store.get(TaskId(id))?;
             let path = worker::logs::log_path(&ctx.home.logs_dir(), task.id.0);
             let mut chunk = worker::logs::read_log(&path, offset, max_bytes)?;
+            if let Some(w) = worker::logs::elsewhere(&task, chunk.size) {
+                bail!("{w} (`taskbridge show {id}` shows them)");
+            }
             out!("{}", chunk.text);
             // Follow until the task stops running (finished, or waiting for an answer).
             if follow {

@@ -18,10 +18,15 @@ fn stand_in_agent(dir: &Path) -> PathBuf {
     script(dir, "agent", "cat > /dev/null\nbasename \"$PWD\" > agent-was-here.txt\nsleep 0.2\n")
 }
 
-fn worker(env: &Env, agent: &Path, extra: &[&str]) -> Child {
+/// A worker; `host` names the host it goes by in the queue (TASKBRIDGE_HOST), so that one
+/// machine can play several.
+fn worker_on(env: &Env, host: &str, agent: &Path, extra: &[&str]) -> Child {
+    let mut cmd = env.cmd();
+    if !host.is_empty() {
+        cmd.env("TASKBRIDGE_HOST", host);
+    }
     Child(
-        env.cmd()
-            .args(["worker", "--concurrency", "2"])
+        cmd.args(["worker", "--concurrency", "2"])
             .args(extra)
             .env("TASKBRIDGE_OPENCODE", agent)
             .env("TASKBRIDGE_OPENCODE_MODE", "run")
@@ -92,8 +97,8 @@ fn two_hosts_share_a_postgres_queue_and_the_remote_workers_branch_arrives_on_the
     let elsewhere = here.sharing_queue();
     let agent_here = stand_in_agent(here.dir.path());
     let agent_there = stand_in_agent(elsewhere.dir.path());
-    let _w1 = worker(&here, &agent_here, &[]);
-    let _w2 = worker(&elsewhere, &agent_there, &["--use-remote"]);
+    let _w1 = worker_on(&here, "", &agent_here, &[]);
+    let _w2 = worker_on(&elsewhere, "host-b", &agent_there, &["--use-remote"]);
 
     let mut by_mirror = Vec::new();
     for &id in &ids {
@@ -119,9 +124,19 @@ fn two_hosts_share_a_postgres_queue_and_the_remote_workers_branch_arrives_on_the
     // Both workers show their hosts; the mirror lives under the remote worker's home.
     let workers = here.ok(&["list-workers", "--json"]);
     let workers: serde_json::Value = serde_json::from_str(&workers).unwrap();
-    assert_eq!(workers.as_array().unwrap().len(), 2);
-    assert!(workers.as_array().unwrap().iter().all(|w| w["host"].is_string()));
+    let hosts: std::collections::BTreeSet<&str> =
+        workers.as_array().unwrap().iter().map(|w| w["host"].as_str().unwrap()).collect();
+    assert_eq!(hosts.len(), 2, "{workers:#}");
+    assert!(hosts.contains("host-b"));
     assert!(std::fs::read_dir(elsewhere.home.join("mirrors")).unwrap().count() > 0);
+    // Its log stayed on host-b; here, `logs` says where it is.
+    let (remote_id, _) = &by_mirror[0];
+    assert_eq!(here.show(*remote_id)["worker_host"], "host-b");
+    let out = here.run(&["logs", &remote_id.to_string()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("the log is on host host-b"), "{err}");
+    assert!(elsewhere.log(*remote_id).contains("pushed taskbridge/task-"));
 
     // The submitter merges a task the other worker ran: its branch is fetched from the remote.
     let (id, commit) = &by_mirror[0];
@@ -208,4 +223,109 @@ fn the_database_password_is_never_printed_or_logged() {
     let mut c = postgres::Client::connect(&server, postgres::NoTls).unwrap();
     c.batch_execute(&format!("DROP SCHEMA IF EXISTS e2e_pw_{} CASCADE", std::process::id()))
         .unwrap();
+}
+
+#[test]
+fn a_push_the_remote_refuses_is_a_failed_attempt_never_a_done_task() {
+    let env = Env::new().on_postgres();
+    // A second daemon serves the same repository read-only: fetches work, pushes are refused.
+    // The base is put there through the file system.
+    let daemon = git_daemon(env.dir.path());
+    git(&env.repo, &["push", "-q", daemon.bare.to_str().unwrap(), "main"]);
+    let base = env.dir.path().join("served");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let _ro = Child(
+        Command::new("git")
+            .args(["daemon", "--export-all", "--reuseaddr", "--listen=127.0.0.1"])
+            .arg(format!("--base-path={}", base.display()))
+            .arg(format!("--port={port}"))
+            .arg(&base)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let url = format!("git://127.0.0.1:{port}/app.git");
+    assert!(eventually(Duration::from_secs(10), || {
+        Command::new("git").args(["ls-remote", &url]).output().is_ok_and(|o| o.status.success())
+    }));
+    let id = env.submit(&["change something", "--remote", &url, "--max-attempts", "2"]);
+    let agent = stand_in_agent(env.dir.path());
+    let _w = worker_on(&env, "", &agent, &["--use-remote"]);
+    let t = env.wait_task(id, Duration::from_secs(60), |t| t["status"] == "failed");
+    assert_eq!(t["attempts"], 2, "each refused push used an attempt: {t:#}");
+    let error = t["error"].as_str().unwrap();
+    assert!(error.contains("could not be pushed") && error.contains(&url), "{error}");
+    assert!(
+        Command::new("git")
+            .args(["-C", daemon.bare.to_str().unwrap(), "rev-parse", "--verify", "-q"])
+            .arg(format!("refs/heads/taskbridge/task-{id}"))
+            .output()
+            .unwrap()
+            .stdout
+            .is_empty(),
+        "nothing reached the remote"
+    );
+}
+
+#[test]
+fn a_host_that_dies_loses_only_its_leases_and_cleans_its_orphans_when_it_returns() {
+    let env = Env::new().on_postgres();
+    let daemon = git_daemon(env.dir.path());
+    git(&env.repo, &["remote", "add", "origin", &daemon.url]);
+    git(&env.repo, &["push", "-q", "origin", "main"]);
+    let id = env.submit(&["outlive your worker"]);
+    // On host-b the agent hangs (recording its process group); on host-a it finishes.
+    let there = env.sharing_queue();
+    let pgid_file = there.dir.path().join("pgid.txt");
+    let hang = script(
+        there.dir.path(),
+        "agent",
+        &format!(
+            "cat > /dev/null\nps -o pgid= $$ | tr -d ' ' > '{}'\nsleep 300\n",
+            pgid_file.display()
+        ),
+    );
+    let mut b = Child(
+        there
+            .cmd()
+            .env("TASKBRIDGE_HOST", "host-b")
+            .env("TASKBRIDGE_LEASE_S", "2")
+            .env("TASKBRIDGE_OPENCODE", &hang)
+            .env("TASKBRIDGE_OPENCODE_MODE", "run")
+            .args(["worker", "--use-remote"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    assert!(eventually(Duration::from_secs(30), || std::fs::read_to_string(&pgid_file)
+        .is_ok_and(|s| !s.trim().is_empty())));
+    let pgid: i32 = std::fs::read_to_string(&pgid_file).unwrap().trim().parse().unwrap();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(b.pid() as i32), nix::sys::signal::SIGKILL)
+        .unwrap();
+    let _ = b.0.wait();
+    // host-a takes the task over once the lease lapses, and leaves host-b's process alone.
+    let agent = stand_in_agent(env.dir.path());
+    let _a = worker_on(&env, "host-a", &agent, &["--use-remote"]);
+    let t = env.wait_status(id, "done", Duration::from_secs(60));
+    assert_eq!(t["worker_host"], "host-a");
+    assert_eq!(t["attempts"], 2);
+    assert!(group_alive(pgid), "a worker on host-a must not kill what runs on host-b");
+    // host-b comes back: its first look finds the orphan and kills it.
+    let _b = Child(
+        there
+            .cmd()
+            .env("TASKBRIDGE_HOST", "host-b")
+            .env("TASKBRIDGE_OPENCODE", &hang)
+            .env("TASKBRIDGE_OPENCODE_MODE", "run")
+            .args(["worker", "--use-remote"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    assert!(eventually(Duration::from_secs(15), || !group_alive(pgid)), "the orphan lives on");
 }

@@ -527,8 +527,7 @@ impl TaskBridge {
         match r {
             Ok((task, c)) => {
                 // The full log stays on the host of the worker that ran the task.
-                let here = worker::runner::hostname();
-                let elsewhere = task.worker_host.as_deref().filter(|h| *h != here && c.size == 0);
+                let elsewhere = worker::logs::elsewhere(&task, c.size);
                 let mut out = json!({
                     "task_id": task.id.0,
                     "text": c.text,
@@ -539,13 +538,8 @@ impl TaskBridge {
                     "running": task.status == TaskStatus::Running,
                     "host": task.worker_host,
                 });
-                if let Some(h) = elsewhere {
-                    out["where"] = json!(format!(
-                        "the log is on host {h}, in the logs directory of its worker's home \
-                         (task-{}.log); this host ({here}) has none. get_task_result has the \
-                         result, diff and files",
-                        task.id.0
-                    ));
+                if let Some(w) = elsewhere {
+                    out["where"] = json!(w);
                 }
                 ok(out)
             }

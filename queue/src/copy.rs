@@ -33,6 +33,7 @@ const TABLES: &[(&str, &str)] = &[
         "task_questions",
         "id:i task_id:i question:t asked_at:r answer:t answered_at:r ask:t answered_by:t",
     ),
+    ("orphans", "id:i host:t pid:i started:t task_id:i found_at:r"),
     (
         "claude_jobs",
         "id:i status:t request:t result:t error:t owner_host:t owner_pid:i owner_started:t \

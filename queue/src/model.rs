@@ -753,7 +753,17 @@ pub struct HeartbeatReply {
     pub lease_until: f64,
 }
 
-/// A task whose lease expired; the caller kills the agent's process group if it is on this host.
+/// An agent process a dead worker left running on some host.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Orphan {
+    pub pid: i64,
+    /// Its start time as the OS reported it, so that a reused pid is not taken for it.
+    pub started: Option<String>,
+    pub task: Option<TaskId>,
+}
+
+/// A task whose lease expired; its agent, if it had one, waits in the queue's orphans for a
+/// worker on its host ([`crate::Store::take_orphans`]).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Reaped {
     pub id: TaskId,

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 const MIGRATIONS: &[(i64, &str)] = &[
     (5, include_str!("../migrations/pg/0005_schema.sql")),
     (6, include_str!("../migrations/pg/0006_remote.sql")),
+    (7, include_str!("../migrations/pg/0007_orphans.sql")),
 ];
 
 /// How long an operation keeps trying to reach a database that went away.
@@ -341,9 +342,13 @@ fn params(args: &[Arg]) -> Vec<&(dyn ToSql + Sync)> {
     args.iter().map(|a| a as &(dyn ToSql + Sync)).collect()
 }
 
+/// A statement that may change rows: only those wake the schema's listeners. The claim is a
+/// `WITH … UPDATE`.
 fn is_write(sql: &str) -> bool {
-    let head = sql.trim_start().get(..6).unwrap_or("").to_ascii_uppercase();
-    matches!(head.as_str(), "INSERT" | "UPDATE" | "DELETE")
+    let upper = sql.trim_start().to_ascii_uppercase();
+    let verbs = ["INSERT", "UPDATE", "DELETE"];
+    verbs.iter().any(|v| upper.starts_with(v))
+        || (upper.starts_with("WITH") && verbs.iter().any(|v| upper.contains(&format!("{v} "))))
 }
 
 impl<C: GenericClient> Tx for PgTx<'_, C> {

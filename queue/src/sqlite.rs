@@ -17,6 +17,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0004_decisions.sql"),
     include_str!("../migrations/0005_plans.sql"),
     include_str!("../migrations/0006_remote.sql"),
+    include_str!("../migrations/0007_orphans.sql"),
 ];
 
 /// The schema version this build writes (both backends carry the same versions).

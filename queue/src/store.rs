@@ -936,6 +936,16 @@ impl Store {
             for row in expired {
                 let id = TaskId(row.get(0)?);
                 let (attempts, max_attempts): (i64, i64) = (row.get(1)?, row.get(2)?);
+                // Its agent may still run on its host: kept for a worker there to kill.
+                let (pid, started, host): (Option<i64>, Option<String>, Option<String>) =
+                    (row.get(3)?, row.get(4)?, row.get(5)?);
+                if let (Some(pid), Some(host)) = (pid, &host) {
+                    tx.exec(
+                        "INSERT INTO orphans (host, pid, started, task_id, found_at)
+                         VALUES (?1, ?2, ?3, ?4, ?5)",
+                        args![host, pid, &started, id.0, now],
+                    )?;
+                }
                 let requeued = attempts < max_attempts;
                 let error = "the worker running this task stopped responding (its lease expired)";
                 if requeued {
@@ -969,6 +979,27 @@ impl Store {
                 end_terminal(tx, now, TaskId(id), TaskStatus::Failed, Some(&msg), None)?;
             }
             Ok(reaped)
+        })
+    }
+
+    /// The agents that dead workers left running on `host` (see `reap_expired`), removed from
+    /// the queue as they are handed over: the caller kills each one that is still the same
+    /// process.
+    pub fn take_orphans(&self, host: &str) -> Result<Vec<Orphan>> {
+        self.write(|tx, _now| {
+            tx.query(
+                "DELETE FROM orphans WHERE host = ?1 RETURNING pid, started, task_id",
+                args![host],
+            )?
+            .iter()
+            .map(|r| {
+                Ok(Orphan {
+                    pid: r.get(0)?,
+                    started: r.get(1)?,
+                    task: r.get::<Option<i64>>(2)?.map(TaskId),
+                })
+            })
+            .collect()
         })
     }
 

@@ -47,6 +47,7 @@ on_both!(
     concurrent_duplicate_submits_make_one_task,
     fencing_rejects_every_write_from_an_expired_lease,
     a_session_is_resumed_on_the_host_that_keeps_it_while_a_worker_lives_there,
+    orphans_wait_for_a_worker_on_their_own_host,
 );
 
 fn open(b: Backend) -> (Db, Store) {
@@ -1129,4 +1130,21 @@ fn postgres_tls_require_and_verify_full() {
     );
     let err = Store::connect(&d.location).err().unwrap().to_string();
     assert!(err.to_lowercase().contains("certificate"), "{err}");
+}
+
+/// A lease reaped by a worker on another host leaves the agent's process to its own host: the
+/// queue keeps it for the first worker there to ask, once.
+fn orphans_wait_for_a_worker_on_their_own_host(b: Backend) {
+    let (_d, store) = open(b);
+    let id = submit(&store, "a");
+    let c = store.claim_next("b1", "host-b", Duration::from_millis(1)).unwrap().unwrap();
+    let facts =
+        RunFacts { agent_pid: Some(4242), agent_started: Some("77".into()), ..Default::default() };
+    store.record_run(id, c.token, facts).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(store.reap_expired().unwrap().len(), 1);
+    assert!(store.take_orphans("host-a").unwrap().is_empty());
+    let orphans = store.take_orphans("host-b").unwrap();
+    assert_eq!(orphans, vec![Orphan { pid: 4242, started: Some("77".into()), task: Some(id) }]);
+    assert!(store.take_orphans("host-b").unwrap().is_empty(), "handed over once");
 }

@@ -9,6 +9,18 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+/// Where a task's log is when this host has none of it: on the host of the worker that ran
+/// it (a queue shared by several hosts keeps results in the database, full logs on hosts).
+pub fn elsewhere(task: &queue::Task, local_size: u64) -> Option<String> {
+    let here = crate::runner::hostname();
+    let host = task.worker_host.as_deref().filter(|h| *h != here && local_size == 0)?;
+    Some(format!(
+        "the log is on host {host}, in the logs directory of its worker's home (task-{}.log); \
+         this host ({here}) has none. The task's result, diff and files are in the queue",
+        task.id.0
+    ))
+}
+
 pub fn log_path(logs_dir: &Path, task_id: i64) -> PathBuf {
     logs_dir.join(format!("{task_id}.log"))
 }

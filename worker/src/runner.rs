@@ -188,7 +188,15 @@ struct Spare {
 /// after an hour idle, and the disk is worth more than a cold directory.
 const SPARE_TTL: Duration = Duration::from_secs(50 * 60);
 
+/// The name this host goes by in the queue: `TASKBRIDGE_HOST` when set (a container whose
+/// hostname changes at every start, say), else the system's hostname. Workers, reapers and
+/// the reverse bridge use it to tell their own host's processes from other hosts'.
 pub fn hostname() -> String {
+    if let Ok(h) = std::env::var("TASKBRIDGE_HOST")
+        && !h.trim().is_empty()
+    {
+        return h.trim().to_owned();
+    }
     nix::unistd::gethostname()
         .ok()
         .and_then(|h| h.into_string().ok())
@@ -380,15 +388,22 @@ impl Worker {
             Ok(reaped) => {
                 for r in reaped {
                     tracing::warn!(task = %r.id, requeued = r.requeued, "lease expired");
-                    if r.worker_host.as_deref() == Some(self.host.as_str())
-                        && let Some(pid) = r.agent_pid
-                        && process::kill_orphan(pid, r.agent_started.as_deref())
-                    {
-                        tracing::warn!(task = %r.id, pid, "killed the orphaned agent");
-                    }
                 }
             }
             Err(e) => tracing::warn!(error = %e, "reaping expired leases failed"),
+        }
+        // Agents left on this host, whoever reaped their tasks (a worker on another host of a
+        // shared queue cannot reach them).
+        let host = self.host.clone();
+        match self.blocking(move |s| s.take_orphans(&host)).await {
+            Ok(orphans) => {
+                for o in orphans {
+                    if process::kill_orphan(o.pid, o.started.as_deref()) {
+                        tracing::warn!(task = ?o.task, pid = o.pid, "killed the orphaned agent");
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "collecting orphaned agents failed"),
         }
     }
 
@@ -540,7 +555,9 @@ impl Worker {
             }
             return Err(Outcome::FailedPermanently {
                 error: format!(
-                    "the repository {} is not on this host ({}) and the task has no remote to                      fetch it from; submit it with --remote URL, or run a worker on the host                      that has the repository",
+                    "the repository {} is not on this host ({}) and the task has no remote to \
+                     fetch it from; submit it with --remote URL, or run a worker on the host \
+                     that has the repository",
                     task.repo, self.host
                 ),
                 result: None,
@@ -668,8 +685,14 @@ impl Worker {
         stop: watch::Receiver<Option<StopReason>>,
     ) -> Result<Option<Outcome>> {
         let id = task.id;
+        // An earlier attempt's worktree is reused when it is this worker's home's: one made by
+        // a worker with another home (another host of a shared queue) belongs to that home's
+        // repository or mirror, and its path may not even exist here; the task then starts
+        // afresh here, as on its first run.
+        let own = self.home.worktrees_dir();
+        let earlier = task.worktree.as_ref().map(PathBuf::from).filter(|w| w.starts_with(&own));
         // A task with dependencies starts from their work, put together before any agent runs.
-        let first_run = task.worktree.is_none() && task.branch.is_none();
+        let first_run = earlier.is_none() && (task.branch.is_none() || task.worktree.is_some());
         let (start, deps) = match self.stack(task, first_run).await? {
             Ok(s) => s,
             Err(error) => {
@@ -677,14 +700,12 @@ impl Worker {
                 return Ok(Some(Outcome::FailedPermanently { error, result: None }));
             }
         };
-        let spare = match &task.worktree {
+        let spare = match &earlier {
             None => self.take_spare(&task.repo),
             Some(_) => None,
         };
-        let dir = task
-            .worktree
-            .as_ref()
-            .map(PathBuf::from)
+        let dir = earlier
+            .clone()
             .or_else(|| spare.clone())
             .unwrap_or_else(|| self.home.worktrees_dir().join(format!("task-{}", id.0)));
         let (repo, base, d) = (PathBuf::from(&task.repo), start.clone(), dir.clone());
