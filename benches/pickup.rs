@@ -85,7 +85,10 @@ fn recovery(dir: &Path, n: usize) {
     std::fs::write(
         &agent,
         format!(
+            // Reads its prompt first, as OpenCode does: the worker writes it only after it has
+            // recorded the agent's pid, so a kill from here on leaves an orphan it knows of.
             "#!/bin/sh
+cat > /dev/null
 ps -o pgid= $$ | tr -d ' ' > '{}'
 exec sleep 600
 ",

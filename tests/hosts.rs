@@ -329,3 +329,30 @@ fn a_host_that_dies_loses_only_its_leases_and_cleans_its_orphans_when_it_returns
     );
     assert!(eventually(Duration::from_secs(15), || !group_alive(pgid)), "the orphan lives on");
 }
+
+#[test]
+fn a_followup_of_work_done_here_is_made_fetchable_for_other_hosts() {
+    let env = Env::new().on_postgres();
+    let daemon = git_daemon(env.dir.path());
+    git(&env.repo, &["remote", "add", "origin", &daemon.url]);
+    git(&env.repo, &["push", "-q", "origin", "main"]);
+    let id = env.submit(&["first"]);
+    // A stand-in that reports a session, as OpenCode's event stream does.
+    let agent = script(
+        env.dir.path(),
+        "agent",
+        "cat > /dev/null\necho done > agent-was-here.txt\n\
+         echo '{\"type\":\"text\",\"sessionID\":\"ses_here\",\"part\":{\"type\":\"text\",\"text\":\"ok\"}}'\n",
+    );
+    let w = worker_on(&env, "", &agent, &[]);
+    let t = env.wait_status(id, "done", Duration::from_secs(60));
+    drop(w);
+    // Run in the repository here: its commit is on no ref of the remote yet.
+    let commit = t["result"]["commit"].as_str().unwrap().to_owned();
+    assert!(t["result"]["pushed_to"].is_null());
+    let out = env.ok(&["followup", &id.to_string(), "and the docs"]);
+    assert!(!out.is_empty());
+    let on_remote =
+        git_out(&daemon.bare, &["rev-parse", &format!("refs/taskbridge/base/{commit}")]);
+    assert_eq!(on_remote, commit, "the follow-up's base was pushed for workers elsewhere");
+}

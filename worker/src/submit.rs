@@ -185,5 +185,12 @@ pub fn followup(store: &Store, parent: queue::TaskId, prompt: &str) -> Result<Ta
     spec.max_attempts = p.max_attempts;
     spec.timeout_s = p.timeout_s;
     spec.question_timeout_s = p.question_timeout_s;
+    // Its base is the parent's work: on a shared queue a worker elsewhere must reach it too.
+    if store.location().is_shared()
+        && let Some(remote) = &spec.remote
+        && Path::new(&spec.repo).exists()
+    {
+        crate::remote::ensure_fetchable(Path::new(&spec.repo), remote, &spec.base)?;
+    }
     Ok(store.submit(spec)?.0)
 }
