@@ -19,7 +19,7 @@ fn stand_in_agent(dir: &Path) -> PathBuf {
 }
 
 /// A worker; `host` names the host it goes by in the queue (TASKBRIDGE_HOST), so that one
-/// machine can play several.
+/// machine can play several. Leases are short, so that a dead host's task moves on quickly.
 fn worker_on(env: &Env, host: &str, agent: &Path, extra: &[&str]) -> Child {
     let mut cmd = env.cmd();
     if !host.is_empty() {
@@ -30,6 +30,7 @@ fn worker_on(env: &Env, host: &str, agent: &Path, extra: &[&str]) -> Child {
             .args(extra)
             .env("TASKBRIDGE_OPENCODE", agent)
             .env("TASKBRIDGE_OPENCODE_MODE", "run")
+            .env("TASKBRIDGE_LEASE_S", "2")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -286,20 +287,7 @@ fn a_host_that_dies_loses_only_its_leases_and_cleans_its_orphans_when_it_returns
             pgid_file.display()
         ),
     );
-    let mut b = Child(
-        there
-            .cmd()
-            .env("TASKBRIDGE_HOST", "host-b")
-            .env("TASKBRIDGE_LEASE_S", "2")
-            .env("TASKBRIDGE_OPENCODE", &hang)
-            .env("TASKBRIDGE_OPENCODE_MODE", "run")
-            .args(["worker", "--use-remote"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let mut b = worker_on(&there, "host-b", &hang, &["--use-remote"]);
     assert!(eventually(Duration::from_secs(30), || std::fs::read_to_string(&pgid_file)
         .is_ok_and(|s| !s.trim().is_empty())));
     let pgid: i32 = std::fs::read_to_string(&pgid_file).unwrap().trim().parse().unwrap();
@@ -314,19 +302,7 @@ fn a_host_that_dies_loses_only_its_leases_and_cleans_its_orphans_when_it_returns
     assert_eq!(t["attempts"], 2);
     assert!(group_alive(pgid), "a worker on host-a must not kill what runs on host-b");
     // host-b comes back: its first look finds the orphan and kills it.
-    let _b = Child(
-        there
-            .cmd()
-            .env("TASKBRIDGE_HOST", "host-b")
-            .env("TASKBRIDGE_OPENCODE", &hang)
-            .env("TASKBRIDGE_OPENCODE_MODE", "run")
-            .args(["worker", "--use-remote"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let _b = worker_on(&there, "host-b", &hang, &["--use-remote"]);
     assert!(eventually(Duration::from_secs(15), || !group_alive(pgid)), "the orphan lives on");
 }
 

@@ -114,18 +114,13 @@ impl Db {
         self.with_conn(&self.writer, &mut |client, cache| {
             // BEGIN with the clock, and NOTIFY with COMMIT, each in one round trip: a claim is
             // then three (the claim itself being the third), not five.
-            let now = client
-                .simple_query("BEGIN; SELECT extract(epoch from now())::float8")
-                .map_err(pg_error)?
-                .iter()
-                .find_map(|m| match m {
-                    postgres::SimpleQueryMessage::Row(r) => r.get(0).and_then(|v| v.parse().ok()),
-                    _ => None,
-                })
-                .ok_or_else(|| Error::Decode { column: 0, message: "no clock reading".into() })?;
-            let mut ptx = PgTx { client: &mut *client, cache, changed: false };
-            let result = f(&mut ptx, now);
-            let changed = ptx.changed;
+            let mut changed = false;
+            let result = clock(client).and_then(|now| {
+                let mut ptx = PgTx { client: &mut *client, cache, changed: false };
+                let out = f(&mut ptx, now);
+                changed = ptx.changed;
+                out
+            });
             match result {
                 Ok(out) => {
                     let end = match &channel {
@@ -178,6 +173,21 @@ fn off_runtime<R: Send>(f: impl FnOnce() -> R + Send) -> R {
         Ok(r) => r,
         Err(panic) => std::panic::resume_unwind(panic),
     })
+}
+
+/// Opens a transaction and reads the database's clock in it.
+fn clock(client: &mut Client) -> Result<f64> {
+    let msgs =
+        client.simple_query("BEGIN; SELECT extract(epoch from now())::float8").map_err(pg_error)?;
+    msgs.iter()
+        .find_map(|m| match m {
+            postgres::SimpleQueryMessage::Row(r) => r.get(0).and_then(|v| v.parse().ok()),
+            _ => None,
+        })
+        .ok_or_else(|| Error::Decode {
+            column: 0,
+            message: "the server gave no clock reading".into(),
+        })
 }
 
 /// Errors after which running the transaction again is right: it was rolled back.

@@ -544,12 +544,19 @@ impl Worker {
         task: &Task,
         log: &mut TaskLog,
     ) -> std::result::Result<Option<PathBuf>, Outcome> {
-        let here = git2::Repository::open(&task.repo).is_ok();
+        // Here: the repository is on this host and has the task's base (another host's clone at
+        // the same path may not have it yet; then the remote is the way).
+        let opened = git2::Repository::open(&task.repo).ok();
+        let here = opened.as_ref().is_some_and(|r| {
+            git2::Oid::from_str(&task.base).is_ok_and(|oid| r.find_commit(oid).is_ok())
+        });
         if here && !self.cfg.use_remote {
             return Ok(None);
         }
         let Some(remote) = task.remote.clone() else {
-            if here {
+            // Without a remote the repository here is the only way (preparing the worktree
+            // says so when it lacks the base).
+            if opened.is_some() {
                 log.line("the task has no remote; running it in the repository on this host");
                 return Ok(None);
             }
@@ -566,7 +573,11 @@ impl Worker {
         let dir = crate::remote::mirror_dir(&self.home.root().join("mirrors"), &remote);
         log.line(&format!(
             "{}: running from the mirror {} of {remote}",
-            if here { "--use-remote" } else { "the repository is not on this host" },
+            match (here, &opened) {
+                (true, _) => "--use-remote",
+                (false, Some(_)) => "the repository here does not have the task's base",
+                (false, None) => "the repository is not on this host",
+            },
             dir.display()
         ));
         let (d, r, lock) = (dir.clone(), remote.clone(), self.mirrors.clone());
