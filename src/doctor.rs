@@ -173,9 +173,10 @@ fn home(ctx: &Ctx) -> Check {
         ctx.store.set_setting("doctor_checked_at", &format!("{:?}", std::time::SystemTime::now()));
     match (file, db) {
         (Ok(()), Ok(())) => ok(format!(
-            "home {} and database {} are writable",
+            "home {} and database {} are writable ({})",
             ctx.home.root().display(),
-            ctx.store.location()
+            ctx.store.location(),
+            ctx.store.backend_info().unwrap_or_else(|e| format!("version unknown: {e}"))
         )),
         (Err(e), _) => fail(
             format!("home {} is not writable: {e}", ctx.home.root().display()),
@@ -183,7 +184,7 @@ fn home(ctx: &Ctx) -> Check {
         ),
         (_, Err(e)) => fail(
             format!("database {} is not writable: {e}", ctx.store.location()),
-            "free some space or fix its permissions, or pass --db PATH",
+            "free some space or fix its permissions, or point --db (TASKBRIDGE_DB) elsewhere",
         ),
     }
 }

@@ -211,6 +211,8 @@ fn the_database_password_is_never_printed_or_logged() {
     assert!(status.contains("taskbridge:***@"), "{status}");
     let json = env.ok(&["status", "--json"]);
     let doctor = env.run(&["doctor"]);
+    let said = String::from_utf8_lossy(&doctor.stdout);
+    assert!(said.contains("PostgreSQL ") && said.contains("woken by LISTEN/NOTIFY"), "{said}");
     let mut seen = format!("{status}{json}{}", String::from_utf8_lossy(&doctor.stdout));
     seen.push_str(&String::from_utf8_lossy(&doctor.stderr));
     // A worker that fails to reach a bad host logs the URL in its errors.

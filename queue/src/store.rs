@@ -1457,6 +1457,25 @@ impl Store {
         })
     }
 
+    /// What the queue runs on, for `doctor`: the engine and its version, and on PostgreSQL the
+    /// schema and how workers are woken.
+    pub fn backend_info(&self) -> Result<String> {
+        match (&self.backend, &self.location) {
+            (Backend::Postgres(db), Location::Postgres(url)) => {
+                let version: String = db.read(&mut |conn| {
+                    conn.query_one("SELECT current_setting('server_version')", &[])?.get(0)
+                })?;
+                let wake = if url.listen {
+                    "LISTEN/NOTIFY".to_owned()
+                } else {
+                    format!("a poll every {} ms (listen=off)", url.poll.as_millis())
+                };
+                Ok(format!("PostgreSQL {version}, schema {}, woken by {wake}", url.schema))
+            }
+            _ => Ok(format!("SQLite {}", rusqlite::version())),
+        }
+    }
+
     /// A health check of the database: SQLite's `PRAGMA integrity_check` ("ok" when sound), or
     /// on PostgreSQL a round trip ("ok" when the server answers).
     pub fn integrity_check(&self) -> Result<String> {
