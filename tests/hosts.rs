@@ -138,6 +138,13 @@ fn two_hosts_share_a_postgres_queue_and_the_remote_workers_branch_arrives_on_the
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("the log is on host host-b"), "{err}");
     assert!(elsewhere.log(*remote_id).contains("pushed taskbridge/task-"));
+    // Over MCP too: the result says which host ran it, where the branch went, and where the
+    // log is.
+    let r = python_mcp_call(&here, "get_task_result", serde_json::json!({"task_id": remote_id}));
+    assert_eq!(r["host"], "host-b");
+    assert_eq!(r["pushed_to"], format!("{} taskbridge/task-{remote_id}", daemon.url));
+    let l = python_mcp_call(&here, "get_task_logs", serde_json::json!({"task_id": remote_id}));
+    assert!(l["where"].as_str().unwrap().contains("on host host-b"), "{l:#}");
 
     // The submitter merges a task the other worker ran: its branch is fetched from the remote.
     let (id, commit) = &by_mirror[0];

@@ -294,6 +294,8 @@ pub(crate) fn result_json(
         "no_changes": r.no_changes,
         "verification": r.verification,
         "verified": r.verified,
+        "pushed_to": r.pushed_to,
+        "host": task.worker_host,
         "overlaps": overlaps,
         "merged_into": task.merged_into,
         "merge_commit": task.merge_commit,

@@ -482,7 +482,8 @@ impl TaskBridge {
 
     /// The structured result: summary, files_touched, tests_run (observed or only claimed),
     /// open_questions, diff (diff_truncated when cut), diffstat, usage and cost, branch, commit,
-    /// permissions, reverted_files, error.
+    /// permissions, reverted_files, error; host (its worker's) and pushed_to (where a worker
+    /// that ran from a mirror of the remote pushed the branch).
     #[tool(annotations(title = "Get a task's result", read_only_hint = true))]
     async fn get_task_result(&self, Parameters(args): Parameters<GetResultArgs>) -> ToolResult {
         let max = args.max_diff_bytes.unwrap_or(65_536);
@@ -829,7 +830,8 @@ impl TaskBridge {
         }
     }
 
-    /// Version, database path and workers alive.
+    /// Version, the database (a path, or a URL with its password masked), its backend (sqlite or
+    /// postgres) and workers alive.
     #[tool(annotations(title = "Ping", read_only_hint = true))]
     async fn ping(&self, Parameters(_): Parameters<Empty>) -> ToolResult {
         match self.read_now(|s| Ok(s.list_workers()?)) {

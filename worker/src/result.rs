@@ -37,6 +37,9 @@ pub struct TaskResult {
     pub verification: Vec<Check>,
     /// Whether the last round of checks passed; `None` when none are configured.
     pub verified: Option<bool>,
+    /// Where a worker that ran from a mirror pushed the branch: `<remote> <branch>`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pushed_to: Option<String>,
 }
 
 /// One verification command TaskBridge ran itself in the worktree.
