@@ -241,7 +241,12 @@ pub fn run(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode> {
             outln!("default model: {model}");
         }
         Command::Doctor { probe } => return crate::doctor::run(&ctx, probe),
-        Command::Service { action } => crate::service::service(&action, ctx.home.root())?,
+        Command::Service { action } => {
+            // A queue other than the home's own file goes with the service.
+            let own = ctx.home.db_path().display().to_string();
+            let db = (ctx.db_arg != own).then_some(ctx.db_arg.as_str());
+            crate::service::service(&action, ctx.home.root(), db)?
+        }
         Command::Migrate { from, to } => return migrate(&from, &to),
         Command::Worker(_)
         | Command::Mcp { .. }

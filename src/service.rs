@@ -15,8 +15,16 @@ fn plist_path() -> anyhow::Result<PathBuf> {
     worker::service::plist_path().context("HOME is not set")
 }
 
-/// The systemd user unit for `taskbridge serve` with this home.
-pub fn systemd_unit(exe: &Path, home: &Path) -> String {
+/// Where the service finds a `--db` other than the home's own file: a file only its user can
+/// read, since a PostgreSQL URL carries a password and unit files are world-readable.
+pub fn env_file(home: &Path) -> PathBuf {
+    home.join("service.env")
+}
+
+/// The systemd user unit for `taskbridge serve` with this home (and the queue in `env_file`,
+/// when there is one).
+pub fn systemd_unit(exe: &Path, home: &Path, env_file: Option<&Path>) -> String {
+    let env = env_file.map(|f| format!("EnvironmentFile={}\n", f.display())).unwrap_or_default();
     format!(
         "[Unit]\n\
          Description=TaskBridge MCP server and worker\n\
@@ -24,6 +32,7 @@ pub fn systemd_unit(exe: &Path, home: &Path) -> String {
          \n\
          [Service]\n\
          Type=simple\n\
+         {env}\
          ExecStart=\"{exe}\" --home \"{home}\" serve\n\
          Restart=on-failure\n\
          RestartSec=2\n\
@@ -38,7 +47,16 @@ pub fn systemd_unit(exe: &Path, home: &Path) -> String {
     )
 }
 
-pub fn launchd_plist(exe: &Path, home: &Path) -> String {
+pub fn launchd_plist(exe: &Path, home: &Path, db: Option<&str>) -> String {
+    let xml = |s: &str| s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;");
+    let env = db
+        .map(|d| {
+            format!(
+                "  <key>EnvironmentVariables</key>\n  <dict><key>TASKBRIDGE_DB</key><string>{}</string></dict>\n",
+                xml(d)
+            )
+        })
+        .unwrap_or_default();
     format!(
         r#"<?xml version="1.0" encoding="UTF-8"?>
 <!DOCTYPE plist PUBLIC "-//Apple//DTD PLIST 1.0//EN" "http://www.apple.com/DTDs/PropertyList-1.0.dtd">
@@ -50,7 +68,7 @@ pub fn launchd_plist(exe: &Path, home: &Path) -> String {
   <key>RunAtLoad</key><true/>
   <key>KeepAlive</key><true/>
   <key>StandardErrorPath</key><string>{home}/logs/service.err</string>
-</dict>
+{env}</dict>
 </plist>
 "#,
         exe = exe.display(),
@@ -62,20 +80,39 @@ fn run(cmd: &mut Command) -> bool {
     cmd.status().is_ok_and(|s| s.success())
 }
 
-pub fn service(action: &str, home: &Path) -> anyhow::Result<()> {
+/// `db`: the queue when it is not the home's own file (`--db`/`TASKBRIDGE_DB`), so that the
+/// service's worker runs on the same queue as the command that installed it.
+pub fn service(action: &str, home: &Path, db: Option<&str>) -> anyhow::Result<()> {
     let exe = std::env::current_exe().context("finding this executable")?;
     let exe = exe.canonicalize().unwrap_or(exe);
     let mac = cfg!(target_os = "macos");
     match action {
         "install" => {
+            let env = env_file(home);
             let (path, text) = if mac {
-                (plist_path()?, launchd_plist(&exe, home))
+                (plist_path()?, launchd_plist(&exe, home, db))
             } else {
-                (unit_path()?, systemd_unit(&exe, home))
+                (unit_path()?, systemd_unit(&exe, home, db.map(|_| env.as_path())))
             };
             if let Some(dir) = path.parent() {
                 std::fs::create_dir_all(dir)
                     .with_context(|| format!("creating {}", dir.display()))?;
+            }
+            match db {
+                Some(db) if !mac => {
+                    queue::home::create_private_file(&env)?;
+                    let quoted = db.replace('\\', "\\\\").replace('"', "\\\"");
+                    std::fs::write(&env, format!("TASKBRIDGE_DB=\"{quoted}\"\n"))
+                        .with_context(|| format!("writing {}", env.display()))?;
+                    outln!("wrote {} (the queue's URL, readable by you only)", env.display());
+                }
+                _ => {
+                    let _ = std::fs::remove_file(&env);
+                }
+            }
+            if mac && db.is_some() {
+                // The plist carries the URL: readable by its user only.
+                queue::home::create_private_file(&path)?;
             }
             std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
             outln!("wrote {}", path.display());
@@ -102,6 +139,7 @@ pub fn service(action: &str, home: &Path) -> anyhow::Result<()> {
             } else {
                 run(Command::new("systemctl").args(["--user", "disable", "--now", UNIT]));
             }
+            let _ = std::fs::remove_file(env_file(home));
             match std::fs::remove_file(&path) {
                 Ok(()) => outln!("removed {}", path.display()),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {

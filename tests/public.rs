@@ -373,3 +373,48 @@ fn restart_worker_restarts_the_installed_service_through_its_manager() {
         assert!(r["note"].as_str().unwrap().contains("taskbridge service install"), "{r}");
     });
 }
+
+/// On a shared queue the service runs on the same queue as the command that installed it, and
+/// the URL (with its password) goes in a file only the user can read, not in the unit.
+#[test]
+fn service_install_on_a_postgres_queue_keeps_the_url_in_a_private_env_file() {
+    use std::os::unix::fs::PermissionsExt;
+    let env = Env::new().on_postgres();
+    let xdg = env.dir.path().join("xdg");
+    let db = env.db.clone().unwrap();
+    let out = env
+        .cmd()
+        .args(["service", "install"])
+        .env("XDG_CONFIG_HOME", &xdg)
+        .env("PATH", "/usr/bin:/bin")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let unit = std::fs::read_to_string(xdg.join("systemd/user/taskbridge.service")).unwrap();
+    let env_file = env.home.join("service.env");
+    assert!(unit.contains(&format!("EnvironmentFile={}", env_file.display())), "{unit}");
+    assert!(!unit.contains(&db), "the URL stays out of the unit: {unit}");
+    let text = std::fs::read_to_string(&env_file).unwrap();
+    assert_eq!(text, format!("TASKBRIDGE_DB=\"{db}\"\n"));
+    let mode = std::fs::metadata(&env_file).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    // What systemd would start: `serve` with that environment, on that queue.
+    let exec = unit.lines().find(|l| l.starts_with("ExecStart=")).unwrap();
+    let status = std::process::Command::new(bin())
+        .args(["--home", env.home.to_str().unwrap(), "status"])
+        .env_clear()
+        .env("TASKBRIDGE_DB", &db)
+        .output()
+        .unwrap();
+    assert!(exec.contains(" serve"));
+    assert!(String::from_utf8_lossy(&status.stdout).contains("schema=e2e_"), "{status:?}");
+    let out = env
+        .cmd()
+        .args(["service", "uninstall"])
+        .env("XDG_CONFIG_HOME", &xdg)
+        .env("PATH", "/usr/bin:/bin")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(!env_file.exists(), "uninstall removes the env file");
+}
