@@ -1,13 +1,18 @@
 //! `taskbridge-queue`: the durable task queue every TaskBridge process shares.
 //!
-//! It owns the task model and its state machine ([`model`]), the SQLite store in which every state
-//! transition is one `BEGIN IMMEDIATE` transaction ([`Store`]), the home directory layout with its
-//! private permissions ([`Home`]), cross-process change notification ([`ChangeWatcher`]), and the
-//! reverse bridge's Claude jobs ([`jobs`]).
+//! It owns the task model and its state machine ([`model`]), the store in which every state
+//! transition is one transaction ([`Store`]), written once over a small SQL seam ([`sql`]) for
+//! two backends: a SQLite file (the default; `BEGIN IMMEDIATE`) and a PostgreSQL schema for
+//! workers on several hosts (row locks, a `SKIP LOCKED` claim, LISTEN/NOTIFY), chosen by a
+//! [`Location`]. Also the home directory layout with its private permissions ([`Home`]),
+//! cross-process change notification ([`ChangeWatcher`]), the reverse bridge's Claude jobs
+//! ([`jobs`]) and copying a whole queue between backends ([`copy`]).
 //!
 //! The database is the only channel between the MCP server, the worker, the TUI and the CLI, so
 //! everything they need to agree on lives here. This crate is synchronous and must not depend on
-//! tokio, git, the UI or MCP: async callers wrap it at their edges.
+//! tokio, git, the UI or MCP: async callers wrap it at their edges. (The `postgres` client it
+//! uses runs a small runtime of its own inside; the crate calls it only from threads of its own,
+//! see `pg::off_runtime`.)
 
 pub mod copy;
 pub mod error;

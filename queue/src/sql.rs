@@ -2,7 +2,7 @@
 //!
 //! The store ([`crate::store`]) writes its transitions once, against [`Tx`]: statements take
 //! typed arguments ([`Arg`]) and give rows of plain values ([`Value`]). SQLite
-//! ([`crate::sqlite`]) and PostgreSQL ([`crate::pg`]) each implement it, including the few
+//! (`sqlite`) and PostgreSQL (`pg`) each implement it, including the few
 //! statements whose dialects differ (the claim above all, see [`Tx::dialect`]).
 //!
 //! The shared SQL is the common subset of both engines, written with numbered `?N`

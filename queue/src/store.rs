@@ -1,6 +1,6 @@
 //! The store: every state transition is one transaction here, written once for both backends
-//! against [`crate::sql::Tx`]. SQLite ([`crate::sqlite`]) serialises writers with `BEGIN
-//! IMMEDIATE`; PostgreSQL ([`crate::pg`]) locks the rows each transition decides on. The few
+//! against [`crate::sql::Tx`]. SQLite (`sqlite`) serialises writers with `BEGIN
+//! IMMEDIATE`; PostgreSQL (`pg`) locks the rows each transition decides on. The few
 //! statements whose dialects differ branch on [`Dialect`].
 
 use crate::error::{Error, Result};

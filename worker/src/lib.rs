@@ -2,8 +2,9 @@
 //!
 //! It owns the claim loop and process supervision ([`runner`], [`process`]), the agents: OpenCode's
 //! warm server ([`serve`]) or `opencode run`, with their decisions ([`decisions`]); git
-//! (worktrees, stacking, commits, diffs and merges: [`git`], [`merge`]); reading OpenCode's event
-//! stream ([`events`]), the checks of `[verify]` ([`verify`]), the structured result ([`result`]),
+//! (worktrees, stacking, commits, diffs and merges: [`git`], [`merge`]; the remote that lets
+//! workers on several hosts share a repository, and their mirrors of it: [`remote`]); reading
+//! OpenCode's event stream ([`events`]), the checks of `[verify]` ([`verify`]), the structured result ([`result`]),
 //! task log files ([`logs`]), notifications ([`notify`]), the user service that runs a worker
 //! without a terminal ([`service`]) and the `submit` and `followup` operations that resolve a
 //! repository before it reaches the queue ([`submit`]).
