@@ -497,6 +497,14 @@ impl Worker {
             Some(o) => Ok(Some(o)),
             None => self.run_once(&task, token, resume, new_notes, &mut log, stop_rx).await,
         };
+        // Work done from a mirror reaches the remote before the task is called done, while
+        // the lease is still kept.
+        let outcome = match (&mirror, outcome) {
+            (Some(dir), Ok(Some(Outcome::Done { result }))) => {
+                Ok(Some(self.push_back(&task, dir, result, &mut log).await))
+            }
+            (_, o) => o,
+        };
         heartbeat.abort();
         let outcome = match outcome {
             Ok(Some(o)) => o,
@@ -512,13 +520,6 @@ impl Worker {
                     backoff_s: self.backoff(task.attempts),
                 }
             }
-        };
-        // Work done from a mirror reaches the remote before the task is called done.
-        let outcome = match (&mirror, outcome) {
-            (Some(dir), Outcome::Done { result }) => {
-                self.push_back(&task, dir, result, &mut log).await
-            }
-            (_, o) => o,
         };
         let summary = describe(&outcome);
         match self.blocking(move |s| s.finish(id, token, outcome)).await {
