@@ -35,8 +35,11 @@ fn open(cli: &cli::Cli) -> anyhow::Result<Ctx> {
         .with_context(|| format!("preparing the home directory {}", home.root().display()))?;
     let db_arg = cli.db.clone().unwrap_or_else(|| home.db_path().display().to_string());
     let location = queue::Location::parse(&db_arg).context("reading --db/TASKBRIDGE_DB")?;
-    let store = queue::Store::connect(&location)
-        .with_context(|| format!("opening the queue at {location}"))?;
+    // A PostgreSQL error names the (masked) URL itself.
+    let store = queue::Store::connect(&location).with_context(|| match &location {
+        queue::Location::Sqlite(path) => format!("opening the queue at {}", path.display()),
+        queue::Location::Postgres(_) => "opening the queue on PostgreSQL".to_owned(),
+    })?;
     let cwd = std::env::current_dir().context("reading the current directory")?;
     let config = config::Config::load(cli.config.as_deref())?;
     Ok(Ctx { home, db_arg, store: Arc::new(store), cwd, config })

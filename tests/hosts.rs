@@ -225,7 +225,13 @@ fn the_database_password_is_never_printed_or_logged() {
     // A worker that fails to reach a bad host logs the URL in its errors.
     let bad = Env::new().with_db("postgres://taskbridge:hunter2-secret@127.0.0.1:1/postgres");
     let out = bad.run(&["status"]);
-    seen.push_str(&String::from_utf8_lossy(&out.stderr));
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success());
+    assert!(
+        err.contains("taskbridge:***@127.0.0.1:1") && err.contains("check that the server runs"),
+        "{err}"
+    );
+    seen.push_str(&err);
     for entry in std::fs::read_dir(env.home.join("logs")).unwrap().flatten() {
         seen.push_str(&std::fs::read_to_string(entry.path()).unwrap_or_default());
     }

@@ -232,7 +232,13 @@ pub(crate) fn connect(url: &PgUrl) -> Result<Client> {
             message = format!("{message}: {s}");
             source = s.source();
         }
-        Error::Open { path: format!("{url:?}"), message }
+        Error::Open {
+            path: format!("{url:?}"),
+            message: format!(
+                "{message}; check that the server runs and that --db (TASKBRIDGE_DB) names it, \
+                 its database and a user that may log in"
+            ),
+        }
     };
     let mut client = match url.tls {
         Tls::Off => config.connect(postgres::NoTls).map_err(unreachable)?,
