@@ -165,7 +165,21 @@ pub fn run(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode> {
                     spend.tokens,
                     if by.is_empty() { String::new() } else { format!(" ({})", by.join(", ")) }
                 );
-                outln!("workers alive: {}", st.workers_alive);
+                // On a queue shared by several hosts, which of them have a live worker.
+                let mut hosts: Vec<&str> = st
+                    .workers
+                    .iter()
+                    .filter(|w| !w.stopped && !w.stale)
+                    .map(|w| w.host.as_str())
+                    .collect();
+                hosts.sort_unstable();
+                hosts.dedup();
+                let on = if hosts.len() > 1 {
+                    format!(" (on {})", hosts.join(", "))
+                } else {
+                    String::new()
+                };
+                outln!("workers alive: {}{on}", st.workers_alive);
                 for w in st.workers.iter().filter(|w| !w.stopped) {
                     let tasks: Vec<String> =
                         w.current_tasks.iter().map(|t| t.0.to_string()).collect();

@@ -129,6 +129,8 @@ fn two_hosts_share_a_postgres_queue_and_the_remote_workers_branch_arrives_on_the
         workers.as_array().unwrap().iter().map(|w| w["host"].as_str().unwrap()).collect();
     assert_eq!(hosts.len(), 2, "{workers:#}");
     assert!(hosts.contains("host-b"));
+    let status = here.ok(&["status"]);
+    assert!(status.contains("workers alive: 2 (on ") && status.contains("host-b"), "{status}");
     assert!(std::fs::read_dir(elsewhere.home.join("mirrors")).unwrap().count() > 0);
     // Its log stayed on host-b; here, `logs` says where it is.
     let (remote_id, _) = &by_mirror[0];
