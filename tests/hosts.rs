@@ -349,3 +349,21 @@ fn a_followup_of_work_done_here_is_made_fetchable_for_other_hosts() {
         git_out(&daemon.bare, &["rev-parse", &format!("refs/taskbridge/base/{commit}")]);
     assert_eq!(on_remote, commit, "the follow-up's base was pushed for workers elsewhere");
 }
+
+/// `[worker] use_remote = true` in the config file, as `assets/config.default.toml` shows it,
+/// does what `--use-remote` does.
+#[test]
+fn use_remote_in_the_config_file_runs_from_the_mirror() {
+    let env = Env::new().on_postgres();
+    let daemon = git_daemon(env.dir.path());
+    git(&env.repo, &["remote", "add", "origin", &daemon.url]);
+    git(&env.repo, &["push", "-q", "origin", "main"]);
+    let config = env.dir.path().join("config.toml");
+    std::fs::write(&config, "[worker]\nuse_remote = true\n").unwrap();
+    let id = env.submit(&["from the mirror, by configuration"]);
+    let agent = stand_in_agent(env.dir.path());
+    let _w = worker_on(&env, "", &agent, &["--config", config.to_str().unwrap()]);
+    let t = env.wait_status(id, "done", Duration::from_secs(60));
+    assert_eq!(t["result"]["pushed_to"], format!("{} taskbridge/task-{id}", daemon.url));
+    assert!(env.log(id).contains("--use-remote: running from the mirror"));
+}

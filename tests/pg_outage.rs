@@ -8,7 +8,7 @@ mod support;
 
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use support::*;
 
 /// The two tests take turns: one restarts the server the other's connections are on.
@@ -56,9 +56,14 @@ fn workers_ride_out_a_server_restart_and_every_task_ends_done_once() {
     let other = env.sharing_queue();
     let _w1 = worker(&env, &agent);
     let _w2 = worker(&other, &agent);
-    // Restart while tasks are claimed, running and finishing, twice.
-    for _ in 0..2 {
-        std::thread::sleep(Duration::from_millis(700));
+    // Restart while tasks are claimed, running and finishing: once the first agents run, and
+    // again once the first tasks are done.
+    let count = |status: &str| -> u64 {
+        let st: serde_json::Value = serde_json::from_str(&env.ok(&["status", "--json"])).unwrap();
+        st["counts"][status].as_u64().unwrap_or(0)
+    };
+    for status in ["running", "done"] {
+        assert!(eventually(Duration::from_secs(60), || count(status) > 0), "no task got {status}");
         restart_server();
     }
     for &id in &ids {
@@ -113,12 +118,10 @@ fn a_killed_listener_connection_reconnects_and_pickup_still_happens() {
     assert_eq!(before.len(), 1, "the worker listens on its schema's channel");
     admin.execute("SELECT pg_terminate_backend($1)", &[&before[0]]).unwrap();
     // It comes back on a new connection.
-    let started = Instant::now();
     assert!(eventually(Duration::from_secs(15), || {
         let now = listeners(&mut admin);
         now.len() == 1 && now[0] != before[0]
     }));
     let second = env.submit(&["after"]);
     env.wait_status(second, "done", Duration::from_secs(30));
-    assert!(started.elapsed() < Duration::from_secs(30));
 }

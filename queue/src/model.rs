@@ -768,9 +768,6 @@ pub struct Orphan {
 pub struct Reaped {
     pub id: TaskId,
     pub requeued: bool,
-    pub agent_pid: Option<i64>,
-    pub agent_started: Option<String>,
-    pub worker_host: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

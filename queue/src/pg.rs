@@ -28,7 +28,8 @@ const MIGRATIONS: &[(i64, &str)] = &[
 /// How long an operation keeps trying to reach a database that went away.
 pub const RECONNECT_FOR: Duration = Duration::from_secs(60);
 
-type Cache = HashMap<(String, Vec<Type>), Statement>;
+/// Prepared statements by SQL and argument types, each with whether it can change rows.
+type Cache = HashMap<(String, Vec<Type>), (Statement, bool)>;
 
 #[derive(Default)]
 struct Conn {
@@ -335,7 +336,7 @@ struct PgTx<'a, C: GenericClient> {
 }
 
 impl<C: GenericClient> PgTx<'_, C> {
-    fn statement(&mut self, sql: &str, args: &[Arg]) -> Result<Statement> {
+    fn statement(&mut self, sql: &str, args: &[Arg]) -> Result<(Statement, bool)> {
         let types: Vec<Type> = args
             .iter()
             .map(|a| match a {
@@ -349,8 +350,9 @@ impl<C: GenericClient> PgTx<'_, C> {
             return Ok(s.clone());
         }
         let stmt = self.client.prepare_typed(&translate(sql), &key.1).map_err(pg_error)?;
-        self.cache.insert(key, stmt.clone());
-        Ok(stmt)
+        let entry = (stmt, is_write(sql));
+        self.cache.insert(key, entry.clone());
+        Ok(entry)
     }
 }
 
@@ -373,18 +375,18 @@ impl<C: GenericClient> Tx for PgTx<'_, C> {
     }
 
     fn exec(&mut self, sql: &str, args: &[Arg]) -> Result<u64> {
-        let stmt = self.statement(sql, args)?;
+        let (stmt, writes) = self.statement(sql, args)?;
         let n = self.client.execute(&stmt, &params(args)).map_err(pg_error)?;
-        if n > 0 && is_write(sql) {
+        if n > 0 && writes {
             self.changed = true;
         }
         Ok(n)
     }
 
     fn query(&mut self, sql: &str, args: &[Arg]) -> Result<Vec<Row>> {
-        let stmt = self.statement(sql, args)?;
+        let (stmt, writes) = self.statement(sql, args)?;
         let rows = self.client.query(&stmt, &params(args)).map_err(pg_error)?;
-        if !rows.is_empty() && is_write(sql) {
+        if !rows.is_empty() && writes {
             self.changed = true;
         }
         rows.iter().map(row).collect()

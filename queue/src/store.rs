@@ -959,13 +959,7 @@ impl Store {
                         format!("{error} and no attempts are left ({attempts} of {max_attempts})");
                     end_terminal(tx, now, id, TaskStatus::Failed, Some(&msg), None)?;
                 }
-                reaped.push(Reaped {
-                    id,
-                    requeued,
-                    agent_pid: row.get(3)?,
-                    agent_started: row.get(4)?,
-                    worker_host: row.get(5)?,
-                });
+                reaped.push(Reaped { id, requeued });
             }
             let timed_out = tx.query(
                 "SELECT id, question_timeout_s FROM tasks WHERE status = 'waiting'
