@@ -1,26 +1,35 @@
-//! `opencode run` against `opencode serve`, side by side in one run: the same one-turn task,
-//! through `taskbridge worker --opencode MODE`, the real OpenCode against the loopback mock of
-//! the Messages API (`tests/support/mock_anthropic.rs`).
+//! Every agent side by side in one run: the same one-turn task through `taskbridge worker`,
+//! with OpenCode as `opencode run` and as `opencode serve`, Claude Code and Codex, the real CLIs
+//! against the loopback mocks of the Messages API (`tests/support/mock_anthropic.rs`) and the
+//! Responses API (`tests/support/mock_openai.rs`).
 //!
-//!   cargo bench --bench agents       full run (20 tasks per mode)
-//!   cargo test  --bench agents       small run (3 tasks per mode): a smoke test
+//!   cargo bench --bench agents       full run (20 tasks per agent)
+//!   cargo test  --bench agents       small run (3 tasks per agent): a smoke test
 //!
-//! Prints `bench=agent.<mode> n=.. first_request_p50_ms=.. done_p50_ms=..` per mode: submit →
-//! the agent's first request at the mock, and submit → `done`; then the ratios; then, on the
-//! warm server, `bench=agent.serve.answer`: a native question answered → the agent's next
-//! request. One warm-up task per mode is not counted (OpenCode's first run sets up its
-//! database; the server's first prompt in a directory sets up that directory).
+//! Prints `bench=agent.<agent> n=.. first_request_p50_ms=.. done_p50_ms=..` per agent: submit →
+//! the agent's first request at the mock, and submit → `done`, whose difference is the model's
+//! answer (instant here) and what the agent and TaskBridge do after it; then OpenCode's ratios;
+//! then, on the warm server, `bench=agent.serve.answer`: a native question answered → the
+//! agent's next request. One warm-up task per agent is not counted (OpenCode's first run sets
+//! up its database; the server's first prompt in a directory sets up that directory).
 #![allow(clippy::unwrap_used, dead_code)]
 
 mod common;
 
 #[path = "../tests/support/mock_anthropic.rs"]
 mod mock_anthropic;
+#[path = "../tests/support/mock_openai.rs"]
+mod mock_openai;
 
 use mock_anthropic::{MockAnthropic, Turn};
+use mock_openai::{MockOpenAi, Reply};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+fn tool(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(".tools/node_modules/.bin").join(name)
+}
 
 fn opencode() -> PathBuf {
     std::env::var_os("TASKBRIDGE_TEST_OPENCODE").map(PathBuf::from).unwrap_or_else(|| {
@@ -57,6 +66,11 @@ impl Drop for Rig {
 }
 
 fn rig(mode: &str, mock: &MockAnthropic) -> Rig {
+    rig_with(mode, mock, &[])
+}
+
+/// A worker whose agents' CLIs have `env` (their endpoints and keys).
+fn rig_with(mode: &str, mock: &MockAnthropic, env: &[(String, String)]) -> Rig {
     let dir = tempfile::tempdir().unwrap();
     let repo = common::repo(dir.path(), "repo");
     let oc_home = dir.path().join("ochome");
@@ -78,6 +92,7 @@ fn rig(mode: &str, mock: &MockAnthropic) -> Rig {
         .env("OPENCODE_DISABLE_MODELS_FETCH", "1")
         .env("OPENCODE_DISABLE_AUTOUPDATE", "1")
         .env("NPM_CONFIG_REGISTRY", "http://127.0.0.1:9/")
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -103,35 +118,96 @@ fn wait_until(
     }
 }
 
+/// Which agent a measured task names, and where its model's requests arrive.
+enum Under<'a> {
+    OpenCode(&'a MockAnthropic),
+    ClaudeCode(&'a MockAnthropic),
+    Codex(&'a MockOpenAi),
+}
+
+impl Under<'_> {
+    fn arrivals(&self) -> Vec<Instant> {
+        match self {
+            Under::OpenCode(m) | Under::ClaudeCode(m) => m.arrivals(),
+            Under::Codex(m) => m.arrivals(),
+        }
+    }
+    fn agent(&self) -> Option<String> {
+        match self {
+            Under::OpenCode(_) => None,
+            Under::ClaudeCode(_) => Some("claude-code".into()),
+            Under::Codex(_) => Some("codex".into()),
+        }
+    }
+}
+
 fn measure(mode: &str, n: usize) -> Figures {
     let mock = MockAnthropic::spawn((0..=n).map(|_| Turn::text("Done.")).collect());
     let rig = rig(mode, &mock);
+    measure_on(&format!("opencode.{mode}"), &rig, &Under::OpenCode(&mock), n)
+}
+
+fn measure_claude(n: usize) -> Figures {
+    let mock = MockAnthropic::spawn((0..=n).map(|_| Turn::text("Done.")).collect());
+    let env = [
+        ("TASKBRIDGE_CLAUDE", tool("claude").display().to_string()),
+        ("ANTHROPIC_BASE_URL", format!("http://127.0.0.1:{}", mock.port)),
+        ("ANTHROPIC_AUTH_TOKEN", "bench-token".into()),
+        ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1".into()),
+        ("DISABLE_AUTOUPDATER", "1".into()),
+    ]
+    .map(|(k, v)| (k.to_owned(), v));
+    // The OpenCode server of this worker's own is not asked: the tasks name claude-code.
+    let idle = MockAnthropic::spawn(vec![]);
+    let rig = rig_with("serve", &idle, &env);
+    measure_on("claude-code", &rig, &Under::ClaudeCode(&mock), n)
+}
+
+fn measure_codex(n: usize) -> Figures {
+    let mock = MockOpenAi::spawn((0..=n).map(|_| Reply::Text("Done.".into())).collect());
+    let idle = MockAnthropic::spawn(vec![]);
+    let codex_home = tempfile::tempdir().unwrap();
+    std::fs::write(codex_home.path().join("config.toml"), mock.codex_config()).unwrap();
+    let env = [
+        ("TASKBRIDGE_CODEX", tool("codex").display().to_string()),
+        ("CODEX_HOME", codex_home.path().display().to_string()),
+        ("OPENAI_API_KEY", "sk-bench".into()),
+    ]
+    .map(|(k, v)| (k.to_owned(), v));
+    let rig = rig_with("serve", &idle, &env);
+    measure_on("codex", &rig, &Under::Codex(&mock), n)
+}
+
+fn measure_on(label: &str, rig: &Rig, under: &Under<'_>, n: usize) -> Figures {
     let (store, repo) = (&rig.store, &rig.repo);
     let mut figures = Figures { first_request: Vec::new(), done: Vec::new() };
     for i in 0..=n {
-        let before = mock.arrivals().len();
+        let before = under.arrivals().len();
         let t0 = Instant::now();
-        let req = worker::SubmitRequest::new(format!("Say done ({i})."), repo);
-        let (task, _, _) = worker::submit(store, repo, Path::new("opencode"), req).unwrap();
+        let mut req = worker::SubmitRequest::new(format!("Say done ({i})."), repo);
+        req.spec.agent = under.agent();
+        // Straight into the queue: submit's check that the CLI is installed reads this
+        // process's environment, and the CLIs are the worker's (`rig_with`).
+        let (task, _) = store.submit(req.resolve(repo).unwrap()).unwrap();
         let deadline = t0 + Duration::from_secs(120);
         loop {
             let t = store.get(task.id).unwrap();
             if t.status.is_terminal() {
-                assert_eq!(t.status, queue::TaskStatus::Done, "{mode}: {:?}", t.error);
+                assert_eq!(t.status, queue::TaskStatus::Done, "{label}: {:?}", t.error);
                 break;
             }
-            assert!(Instant::now() < deadline, "{mode}: task {} never finished", task.id);
+            assert!(Instant::now() < deadline, "{label}: task {} never finished", task.id);
             std::thread::sleep(Duration::from_millis(2));
         }
         let done = t0.elapsed().as_secs_f64() * 1e3;
-        let first = mock.arrivals().get(before).map(|a| a.duration_since(t0).as_secs_f64() * 1e3);
+        let first = under.arrivals().get(before).map(|a| a.duration_since(t0).as_secs_f64() * 1e3);
         if i > 0 {
             figures.done.push(done);
             figures.first_request.push(first.unwrap());
         }
     }
     println!(
-        "bench=agent.{mode} n={n} first_request_p50_ms={:.0} done_p50_ms={:.0}",
+        "bench=agent.{label} n={n} first_request_p50_ms={:.0} done_p50_ms={:.0}",
         p50(&figures.first_request),
         p50(&figures.done)
     );
@@ -179,6 +255,8 @@ fn main() {
     let n = if full { 20 } else { 3 };
     let run = measure("run", n);
     let serve = measure("serve", n);
+    measure_claude(n);
+    measure_codex(n);
     println!(
         "bench=agent.ratio first_request_run_over_serve={:.1} done_run_over_serve={:.1}",
         p50(&run.first_request) / p50(&serve.first_request),

@@ -129,12 +129,16 @@ pub enum Command {
     },
     /// Run the worker headless.
     Worker(WorkerArgs),
-    /// List the models OpenCode offers; `--set-default M` stores the default model.
+    /// List the models an agent offers (OpenCode's by default); `--set-default M` stores the
+    /// default model (OpenCode's).
     #[command(name = "list-models", visible_alias = "models")]
     Models {
         /// Only this provider's models.
         #[arg(long)]
         provider: Option<String>,
+        /// opencode (the default), claude-code or codex.
+        #[arg(long)]
+        agent: Option<String>,
         #[arg(long, value_name = "MODEL")]
         set_default: Option<String>,
         /// Ignore the cached list.
@@ -214,7 +218,8 @@ pub struct SubmitArgs {
     /// provider/model, checked against the models OpenCode offers (`taskbridge models`).
     #[arg(long)]
     pub model: Option<String>,
-    /// OpenCode agent name.
+    /// The agent that runs it: opencode (the default), claude-code, codex, or opencode:<agent>
+    /// for one of OpenCode's own agents (opencode:plan).
     #[arg(long)]
     pub agent: Option<String>,
     /// The agent may read but not edit; anything it changes anyway is reverted.

@@ -234,8 +234,27 @@ pub fn run(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode> {
         Command::Config { client, write, http_url } => {
             crate::clients::run(&client, write, ctx.home.root(), &http_url)?
         }
-        Command::Models { provider, set_default, refresh } => {
+        Command::Models { provider, agent, set_default, refresh } => {
             let opencode = &ctx.config.worker.opencode;
+            let agent = worker::agent::AgentSpec::parse(agent.as_deref().unwrap_or(""))
+                .map_err(|e| anyhow::anyhow!(e))?;
+            if agent.kind != worker::agent::AgentKind::OpenCode {
+                if set_default.is_some() {
+                    anyhow::bail!(
+                        "--set-default sets OpenCode's default model; give another agent's model \
+                         to each task with --model"
+                    );
+                }
+                let program = agent.kind.program_from_env();
+                let (models, note) = worker::models::agent_models(agent.kind, &program)?;
+                for m in models {
+                    outln!("{m}");
+                }
+                if let Some(note) = note {
+                    eprintln!("({note})");
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
             match set_default {
                 Some(m) => {
                     worker::models::set_default_model(store, opencode, &m)?;
@@ -524,14 +543,21 @@ fn print_task(t: &Task) {
             outln!("  open:      {q}");
         }
         let u = &r.usage;
+        let cost =
+            if r.cost_known() { format!("${:.4}", u.cost_usd) } else { "cost not reported".into() };
         outln!(
-            "  usage:     {} in, {} out, {} cache read, {} cache write, ${:.4}",
+            "  usage:     {} in, {} out, {} cache read, {} cache write, {cost}",
             u.input_tokens,
             u.output_tokens,
             u.cache_read_tokens,
             u.cache_write_tokens,
-            u.cost_usd
         );
+        if let Some(a) = &r.agent {
+            outln!("  ran on:    {}", a.name);
+            for f in &a.fallbacks {
+                outln!("             {f}");
+            }
+        }
         if let Some(c) = &r.commit {
             outln!("  commit:    {c}");
         }

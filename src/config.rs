@@ -124,6 +124,8 @@ impl Config {
                 anyhow::anyhow!("{e} (TASKBRIDGE_OPENCODE_MODE or [worker] opencode_mode)")
             })?;
         }
+        w.claude = worker::agent::AgentKind::ClaudeCode.program_from_env();
+        w.codex = worker::agent::AgentKind::Codex.program_from_env();
         w.opencode_config_content = env("OPENCODE_CONFIG_CONTENT");
         w.use_remote = file.worker.use_remote.unwrap_or(false);
         w.fault_worktree_pause = env("TASKBRIDGE_FAULT_WORKTREE_PAUSE_MS")

@@ -8,7 +8,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// The OpenCode release TaskBridge is tested against.
-pub const OPENCODE_TESTED: &str = "1.18.33";
+pub use worker::agent::OPENCODE_TESTED;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Level {
@@ -80,6 +80,43 @@ fn opencode(ctx: &Ctx) -> Check {
             format!("if tasks misbehave, `npm install -g opencode-ai@{OPENCODE_TESTED}`"),
         ),
         Err(e) => fail(format!("OpenCode at {} does not run: {e}", path.display()), install),
+    }
+}
+
+/// Claude Code and Codex: optional, so a missing one is not a warning; an installed one is
+/// named with its version, and one other than the tested version says which that is.
+fn other_agent(kind: worker::agent::AgentKind) -> Check {
+    use worker::agent::{AgentKind, CLAUDE_CODE_TESTED, CODEX_TESTED};
+    let (name, tested) = match kind {
+        AgentKind::ClaudeCode => ("Claude Code", CLAUDE_CODE_TESTED),
+        _ => ("Codex", CODEX_TESTED),
+    };
+    let program = kind.program_from_env();
+    let Some(path) = worker::agent::find_program(&program) else {
+        return ok(format!(
+            "agent {}: {name} is not installed (only tasks with --agent {} need it: `{}`)",
+            kind.name(),
+            kind.name(),
+            kind.install_command()
+        ));
+    };
+    match output(&path, &["--version"], Duration::from_secs(30)) {
+        Ok(v) if v.contains(tested) => {
+            ok(format!("agent {}: {name} {tested} at {}", kind.name(), path.display()))
+        }
+        Ok(v) => warn(
+            format!(
+                "agent {}: {name} {} at {} (TaskBridge is tested with {tested})",
+                kind.name(),
+                v.trim(),
+                path.display()
+            ),
+            format!("if its tasks misbehave, `{}`", kind.install_command()),
+        ),
+        Err(e) => warn(
+            format!("agent {}: {name} at {} does not run: {e}", kind.name(), path.display()),
+            format!("reinstall it: `{}`", kind.install_command()),
+        ),
     }
 }
 
@@ -274,6 +311,8 @@ fn workers(ctx: &Ctx) -> Check {
 
 pub fn run(ctx: &Ctx, with_probe: bool) -> anyhow::Result<std::process::ExitCode> {
     let mut checks = vec![opencode(ctx)];
+    checks.push(other_agent(worker::agent::AgentKind::ClaudeCode));
+    checks.push(other_agent(worker::agent::AgentKind::Codex));
     let (m, model) = model(ctx);
     checks.push(m);
     if with_probe {

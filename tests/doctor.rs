@@ -14,6 +14,7 @@ fn doctor_on_a_fresh_machine_names_each_missing_piece_and_its_fix() {
         .cmd()
         .arg("doctor")
         .env("TASKBRIDGE_OPENCODE", "/nonexistent/opencode")
+        .env("TASKBRIDGE_CODEX", "/nonexistent/codex")
         .env_remove("TASKBRIDGE_MODEL")
         .output()
         .unwrap();
@@ -31,6 +32,12 @@ fn doctor_on_a_fresh_machine_names_each_missing_piece_and_its_fix() {
     assert!(line_after("ok    home").contains("writable"), "{text}");
     assert!(line_after("warn  Claude Code").contains("config claude-code --write"), "{text}");
     assert!(line_after("warn  worker: none alive").contains("taskbridge worker"), "{text}");
+    // The other agents are optional: missing is not a warning, and says how to install it.
+    assert!(
+        line_after("ok    agent codex: Codex is not installed")
+            .contains("npm install -g @openai/codex@0.171.0"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -44,10 +51,18 @@ fn doctor_with_everything_set_up_passes_and_the_probe_reaches_the_model() {
     assert!(eventually(std::time::Duration::from_secs(20), || {
         env.ok(&["list-workers"]).contains("alive")
     }));
-    let out = env.run(&["doctor", "--probe"]);
+    let out = env
+        .cmd()
+        .args(["doctor", "--probe"])
+        .env("TASKBRIDGE_CLAUDE", claude_cli())
+        .env("TASKBRIDGE_CODEX", codex_cli())
+        .output()
+        .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
     for expected in [
+        "ok    agent claude-code: Claude Code 2.1.197",
+        "ok    agent codex: Codex 0.171.0",
         "ok    OpenCode 1.18.33",
         &format!("ok    model {MODEL}"),
         &format!("ok    probe: {MODEL} answered"),

@@ -39,7 +39,8 @@ pub struct SubmitTaskArgs {
     /// provider/model, e.g. anthropic/claude-sonnet-4-5 (default: the configured default).
     #[serde(default)]
     pub model: Option<String>,
-    /// OpenCode agent name (default: build).
+    /// The agent that runs it: opencode (the default), claude-code, codex, or opencode:<agent>
+    /// for one of OpenCode's own agents (opencode:plan). Refused when its CLI is not installed.
     #[serde(default)]
     pub agent: Option<String>,
     /// Deny edits; anything changed anyway is reverted and listed.
@@ -111,6 +112,7 @@ pub struct BatchItem {
     pub depends_on: Vec<BatchDep>,
     #[serde(default)]
     pub model: Option<String>,
+    /// opencode (the default), claude-code, codex, or opencode:<agent>.
     #[serde(default)]
     pub agent: Option<String>,
     #[serde(default)]
@@ -284,9 +286,12 @@ pub struct ClearArgs {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ListModelsArgs {
-    /// Only this provider's models, e.g. anthropic.
+    /// Only this provider's models, e.g. anthropic (OpenCode's).
     #[serde(default)]
     pub provider: Option<String>,
+    /// Whose models: opencode (the default), claude-code or codex.
+    #[serde(default)]
+    pub agent: Option<String>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -416,7 +421,8 @@ fn parse_statuses(list: Option<Vec<String>>) -> Result<Vec<TaskStatus>, String> 
 
 #[tool_router(vis = "pub(crate)")]
 impl TaskBridge {
-    /// Queue a coding task for OpenCode to run headless in its own git worktree and branch.
+    /// Queue a coding task for an agent (OpenCode by default; Claude Code or Codex with agent) to
+    /// run headless in its own git worktree and branch.
     /// Returns the task (task_id, status, ...) and warnings (for example: no worker is alive to run
     /// it). Follow with wait_for, then get_task_result.
     #[tool(annotations(title = "Submit a task", read_only_hint = false, idempotent_hint = false))]
@@ -483,7 +489,9 @@ impl TaskBridge {
     /// The structured result: summary, files_touched, tests_run (observed or only claimed),
     /// open_questions, diff (diff_truncated when cut), diffstat, usage and cost, branch, commit,
     /// permissions, reverted_files, error; host (its worker's) and pushed_to (where a worker
-    /// that ran from a mirror of the remote pushed the branch).
+    /// that ran from a mirror of the remote pushed the branch); agent (which ran it, what it
+    /// could do natively, and the fallbacks that held instead; usage.cost_usd is null for an
+    /// agent that reports no cost).
     #[tool(annotations(title = "Get a task's result", read_only_hint = true))]
     async fn get_task_result(&self, Parameters(args): Parameters<GetResultArgs>) -> ToolResult {
         let max = args.max_diff_bytes.unwrap_or(65_536);
@@ -804,9 +812,28 @@ impl TaskBridge {
         }
     }
 
-    /// Models OpenCode can use (from `opencode models`, cached for an hour).
+    /// Models an agent can use: OpenCode's (from `opencode models`, cached for an hour, the
+    /// default), or with `agent` Claude Code's or Codex's.
     #[tool(annotations(title = "List models", read_only_hint = true))]
     async fn list_models(&self, Parameters(args): Parameters<ListModelsArgs>) -> ToolResult {
+        let agent = match worker::agent::AgentSpec::parse(args.agent.as_deref().unwrap_or("")) {
+            Ok(a) => a,
+            Err(e) => return refuse(e),
+        };
+        if agent.kind != worker::agent::AgentKind::OpenCode {
+            let program = agent.kind.program_from_env();
+            let listed = tokio::task::spawn_blocking(move || {
+                worker::models::agent_models(agent.kind, &program)
+            })
+            .await;
+            return match listed {
+                Ok(Ok((models, note))) => {
+                    ok(json!({ "agent": agent.kind.name(), "models": models, "note": note }))
+                }
+                Ok(Err(e)) => self.fail(e),
+                Err(e) => self.fail(worker::Error::Join(e.to_string())),
+            };
+        }
         let opencode = self.opencode();
         match self
             .blocking(move |s| {
@@ -814,7 +841,7 @@ impl TaskBridge {
             })
             .await
         {
-            Ok(models) => ok(json!({ "models": models })),
+            Ok(models) => ok(json!({ "agent": "opencode", "models": models })),
             Err(e) => self.fail(e),
         }
     }

@@ -3,6 +3,7 @@
 #![allow(dead_code, clippy::unwrap_used)]
 
 pub mod mock_anthropic;
+pub mod mock_openai;
 
 use serde_json::Value;
 use std::io::{Read, Write};
@@ -49,6 +50,18 @@ pub fn python() -> PathBuf {
     p
 }
 
+/// The pinned Codex CLI that `.ci/run` installs.
+pub fn codex_cli() -> PathBuf {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join(".tools/node_modules/.bin/codex");
+    assert!(
+        p.exists(),
+        "Codex is not installed at {}: run `npm install --prefix .tools @openai/codex@0.171.0` \
+         (what .ci/run does)",
+        p.display()
+    );
+    p
+}
+
 pub fn claude_cli() -> PathBuf {
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join(".tools/node_modules/.bin/claude");
     assert!(
@@ -84,6 +97,8 @@ fn git_env() -> Vec<(&'static str, &'static str)> {
 
 /// A temporary world: home, repository, and an isolated HOME for OpenCode.
 pub struct Env {
+    /// More environment for every command (an agent's endpoint and key, say).
+    pub extra_env: Vec<(String, String)>,
     pub dir: tempfile::TempDir,
     pub home: PathBuf,
     pub repo: PathBuf,
@@ -111,7 +126,16 @@ impl Env {
         git(&repo, &["add", "."]);
         git(&repo, &["commit", "-qm", "initial"]);
         let repo = repo.canonicalize().unwrap();
-        Env { dir, home, repo, oc_home, opencode_config: None, db: None, owns_db: false }
+        Env {
+            extra_env: Vec::new(),
+            dir,
+            home,
+            repo,
+            oc_home,
+            opencode_config: None,
+            db: None,
+            owns_db: false,
+        }
     }
 
     /// The same world with its queue in a fresh schema on the test PostgreSQL server, which
@@ -134,6 +158,39 @@ impl Env {
         let mut other = Env::new();
         other.db = self.db.clone();
         other
+    }
+
+    /// Claude Code (the pinned CLI) pointed at `mock`, as a user points it at an endpoint: its
+    /// base URL and a token in the environment.
+    pub fn with_claude(mut self, mock: &mock_anthropic::MockAnthropic) -> Env {
+        let cli = claude_cli().display().to_string();
+        for (k, v) in [
+            ("TASKBRIDGE_CLAUDE", cli),
+            ("ANTHROPIC_BASE_URL", format!("http://127.0.0.1:{}", mock.port)),
+            ("ANTHROPIC_AUTH_TOKEN", "test-token".into()),
+            ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1".into()),
+            ("DISABLE_AUTOUPDATER", "1".into()),
+        ] {
+            self.extra_env.push((k.into(), v));
+        }
+        self
+    }
+
+    /// Codex (the pinned CLI) with `mock` as its provider, in a `CODEX_HOME/config.toml` of
+    /// this world's, and a key in the environment.
+    pub fn with_codex(mut self, mock: &mock_openai::MockOpenAi) -> Env {
+        let codex_home = self.oc_home.join(".codex");
+        std::fs::create_dir_all(&codex_home).unwrap();
+        std::fs::write(codex_home.join("config.toml"), mock.codex_config()).unwrap();
+        let cli = codex_cli().display().to_string();
+        for (k, v) in [
+            ("TASKBRIDGE_CODEX", cli),
+            ("CODEX_HOME", codex_home.display().to_string()),
+            ("OPENAI_API_KEY", "sk-test".into()),
+        ] {
+            self.extra_env.push((k.into(), v));
+        }
+        self
     }
 
     pub fn with_mock(mut self, mock: &mock_anthropic::MockAnthropic) -> Env {
@@ -189,6 +246,8 @@ impl Env {
             .envs(git_env())
             .env_remove("TASKBRIDGE_TOKEN")
             .env_remove("ANTHROPIC_API_KEY");
+        c.env_remove("TASKBRIDGE_CLAUDE").env_remove("TASKBRIDGE_CODEX");
+        c.envs(self.extra_env.iter().map(|(k, v)| (k, v)));
         match &self.db {
             Some(db) => c.env("TASKBRIDGE_DB", db),
             None => c.env_remove("TASKBRIDGE_DB"),

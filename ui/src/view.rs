@@ -404,6 +404,9 @@ fn draw_detail(m: &Model, f: &mut Frame, area: Rect) {
     if let Some(model) = &t.model {
         lines.push(Line::from(format!("model {model}")));
     }
+    if let Some(agent) = &t.agent {
+        lines.push(Line::from(format!("agent {agent}")));
+    }
     if let Some(q) = &t.question {
         section(&mut lines, "Question (press a to answer)");
         for l in q.lines() {
@@ -450,14 +453,18 @@ fn draw_detail(m: &Model, f: &mut Frame, area: Rect) {
         }
         let u = &r.usage;
         section(&mut lines, "Usage");
+        let cost = if r.cost_known() {
+            format!("${:.4}", u.cost_usd)
+        } else {
+            "cost not reported by the agent".into()
+        };
         lines.push(Line::from(format!(
-            "{} in, {} out, {} reasoning, {} cache read, {} cache write; ${:.4}",
+            "{} in, {} out, {} reasoning, {} cache read, {} cache write; {cost}",
             u.input_tokens,
             u.output_tokens,
             u.reasoning_tokens,
             u.cache_read_tokens,
             u.cache_write_tokens,
-            u.cost_usd
         )));
         if r.permissions.iter().any(|p| p.enabled) {
             section(&mut lines, "Permissions");

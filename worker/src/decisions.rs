@@ -81,8 +81,65 @@ pub fn answer_prompt(ask: &queue::Ask, answer: &str) -> String {
     }
 }
 
+/// Which agent ran the task and what held where it could not do something itself.
+pub fn agent_report(
+    task: &Task,
+    spec: &crate::agent::AgentSpec,
+    serving: bool,
+    server_mode: bool,
+) -> result::AgentReport {
+    use crate::agent::AgentKind;
+    let caps = spec.kind.capabilities(serving);
+    let mut fallbacks = Vec::new();
+    if !caps.native_questions {
+        fallbacks.push(
+            "questions: the agent asks with a taskbridge-question block in its answer; the \
+             answer goes on in the same session as a prompt"
+                .to_owned(),
+        );
+    }
+    if !caps.native_permissions && !task.ask_rules.is_empty() {
+        fallbacks.push(match spec.kind {
+            AgentKind::Codex => "permissions: codex exec cannot ask for approval; the task's ask \
+                                 rules were not applied (its sandbox held)"
+                .to_owned(),
+            _ => "permissions: deny-only; what an ask rule names is denied".to_owned(),
+        });
+    }
+    if !caps.reports_cost {
+        fallbacks.push(
+            "cost: the agent reports tokens only, so usage.cost_usd is null and a cost budget \
+             cannot be checked"
+                .to_owned(),
+        );
+    }
+    if spec.kind == AgentKind::ClaudeCode {
+        fallbacks.push(
+            "decisions: a question or approval stops Claude Code's process; the answer resumes \
+             the same session (--resume), and an approved call is let through when the agent \
+             makes it again"
+                .to_owned(),
+        );
+    }
+    result::AgentReport {
+        name: spec.stored().unwrap_or_else(|| "opencode".into()),
+        mode: (spec.kind == AgentKind::OpenCode)
+            .then(|| if server_mode { "serve" } else { "run" }.to_owned()),
+        capabilities: caps,
+        fallbacks,
+    }
+}
+
 /// How the task's `ask` rules and budget held.
-pub fn ask_permissions(task: &Task, serving: bool) -> Vec<result::Permission> {
+pub fn ask_permissions(
+    task: &Task,
+    kind: crate::agent::AgentKind,
+    serving: bool,
+) -> Vec<result::Permission> {
+    use crate::agent::AgentKind;
+    if kind != AgentKind::OpenCode {
+        return cli_ask_permissions(task, kind);
+    }
     let mut out = Vec::new();
     if task.budget.is_set() || task.budget_group.is_some() {
         out.push(result::Permission {
@@ -124,5 +181,41 @@ pub fn ask_permissions(task: &Task, serving: bool) -> Vec<result::Permission> {
         enforcement: enforcement.into(),
         how,
     });
+    out
+}
+
+/// How the `ask` rules and budget held on Claude Code or Codex.
+fn cli_ask_permissions(task: &Task, kind: crate::agent::AgentKind) -> Vec<result::Permission> {
+    use crate::agent::AgentKind;
+    let mut out = Vec::new();
+    if task.budget.is_set() || task.budget_group.is_some() {
+        out.push(result::Permission {
+            flag: "budget".into(),
+            enabled: true,
+            enforcement: "not enforced".into(),
+            how: format!(
+                "{} reports its spend when a turn ends; only OpenCode's server stops an agent at \
+                 the budget",
+                kind.name()
+            ),
+        });
+    }
+    if !task.ask_rules.is_empty() {
+        let rules = task.ask_rules.join(", ");
+        out.push(result::Permission {
+            flag: "ask".into(),
+            enabled: true,
+            enforcement: if kind == AgentKind::ClaudeCode { "enforced" } else { "not enforced" }
+                .into(),
+            how: if kind == AgentKind::ClaudeCode {
+                format!(
+                    "{rules}: every matching tool call came to TaskBridge over Claude Code's \
+                     permission channel and waited for an answer"
+                )
+            } else {
+                format!("{rules}: codex exec cannot ask; submit refuses ask rules for codex")
+            },
+        });
+    }
     out
 }

@@ -104,6 +104,13 @@ pub fn agent_error(e: &AgentError, model: &ModelUsed) -> Diagnosis {
     Diagnosis { message: format!("{said} ({who})"), retryable: e.retryable.unwrap_or(true) }
 }
 
+/// Explains a Claude Code or Codex process that exited non-zero without an error event.
+pub fn cli_exit_failure(agent: &str, code: Option<i32>, stderr_tail: &str) -> Diagnosis {
+    let how = code.map_or("a signal".to_owned(), |c| format!("status {c}"));
+    let tail = if stderr_tail.is_empty() { String::new() } else { format!(": {stderr_tail}") };
+    Diagnosis { message: format!("{agent} exited with {how}{tail}"), retryable: true }
+}
+
 /// Explains a run that exited non-zero without an error event: OpenCode's own start-up errors
 /// (its configuration, an unknown agent) are not worth retrying.
 pub fn exit_failure(code: Option<i32>, stderr_tail: &str) -> Diagnosis {

@@ -1,5 +1,7 @@
-//! Reading `opencode run --format json`: one JSON event per line (`step_start`, `text`,
-//! `reasoning`, `tool_use`, `step_finish`, `error`), each with the `sessionID` and a `part`.
+//! What an agent's run adds up to ([`RunLog`]), folded from normalised [`AgentEvent`]s, and
+//! reading `opencode run --format json` into them: one JSON event per line (`step_start`,
+//! `text`, `reasoning`, `tool_use`, `step_finish`, `error`), each with the `sessionID` and a
+//! `part`.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -12,8 +14,15 @@ pub struct Usage {
     pub reasoning_tokens: u64,
     pub cache_read_tokens: u64,
     pub cache_write_tokens: u64,
+    /// A result written for an agent that reports no cost has `null` here (see
+    /// `TaskResult::agent`); read back, that is no spend.
+    #[serde(default, deserialize_with = "null_is_zero")]
     pub cost_usd: f64,
     pub steps: u64,
+}
+
+fn null_is_zero<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(0.0))
 }
 
 impl Usage {
@@ -82,25 +91,38 @@ impl RunLog {
         }
     }
 
-    /// Folds one stdout line into the run and returns what the readable log should say.
+    /// Folds one line of `opencode run --format json` into the run and returns what the
+    /// readable log should say.
     pub fn ingest(&mut self, line: &str) -> LogLine {
-        let Ok(ev) = serde_json::from_str::<Value>(line) else {
+        let Some(events) = opencode_events(line) else {
             return Some(format!("(not JSON) {line}"));
         };
         self.events += 1;
-        if self.session_id.is_none()
-            && let Some(s) = ev.get("sessionID").and_then(Value::as_str)
-        {
-            self.session_id = Some(s.to_owned());
-        }
-        let part = ev.get("part").cloned().unwrap_or(Value::Null);
-        match ev.get("type").and_then(Value::as_str).unwrap_or("") {
-            "step_start" => {
+        let lines: Vec<String> = events.into_iter().filter_map(|e| self.apply(e)).collect();
+        (!lines.is_empty()).then(|| lines.join("\n"))
+    }
+
+    /// Folds one normalised event into the run and returns what the readable log should say:
+    /// every agent's stream ends up here, so a result reads the same whichever agent ran.
+    pub fn apply(&mut self, ev: AgentEvent) -> LogLine {
+        match ev {
+            AgentEvent::Session(s) => {
+                if self.session_id.is_none() {
+                    self.session_id = Some(s);
+                }
+                None
+            }
+            AgentEvent::Model(m) => {
+                if self.model_seen.is_none() {
+                    self.model_seen = Some(m);
+                }
+                None
+            }
+            AgentEvent::StepStarted => {
                 self.last_step_texts.clear();
                 None
             }
-            "text" => {
-                let text = part.get("text").and_then(Value::as_str).unwrap_or("").to_owned();
+            AgentEvent::Text(text) => {
                 if text.is_empty() {
                     return None;
                 }
@@ -108,57 +130,136 @@ impl RunLog {
                 self.last_step_texts.push(text.clone());
                 Some(format!("agent: {text}"))
             }
-            "reasoning" => {
-                let text = part.get("text").and_then(Value::as_str).unwrap_or("");
-                Some(format!("thinking: {text}"))
+            AgentEvent::Thinking(text) => Some(format!("thinking: {text}")),
+            AgentEvent::ToolStarted { tool, target } => {
+                Some(format!("tool {tool}: {target} (started)"))
             }
-            "tool_use" => {
-                let call = tool_call(&part);
+            AgentEvent::ToolEnded { call, error } => {
                 let line = match call.exit_code {
                     Some(code) => format!("tool {}: {} (exit {code})", call.tool, call.target),
                     None => format!("tool {}: {} ({})", call.tool, call.target, call.status),
                 };
-                let error = part.pointer("/state/error").and_then(Value::as_str);
                 self.tool_calls.push(call);
                 Some(match error {
                     Some(e) => format!("{line}: {e}"),
                     None => line,
                 })
             }
-            "step_finish" => {
-                let t = |p: &str| part.pointer(p).and_then(Value::as_u64).unwrap_or(0);
-                let step = Usage {
-                    input_tokens: t("/tokens/input"),
-                    output_tokens: t("/tokens/output"),
-                    reasoning_tokens: t("/tokens/reasoning"),
-                    cache_read_tokens: t("/tokens/cache/read"),
-                    cache_write_tokens: t("/tokens/cache/write"),
-                    cost_usd: part.get("cost").and_then(Value::as_f64).unwrap_or(0.0),
-                    steps: 1,
+            AgentEvent::Usage { usage, reason, cost_reported } => {
+                self.usage.add(&usage);
+                let cost = if cost_reported {
+                    format!("${:.6}", usage.cost_usd)
+                } else {
+                    "cost not reported".to_owned()
                 };
-                self.usage.add(&step);
-                let reason = part.get("reason").and_then(Value::as_str).unwrap_or("?");
                 Some(format!(
-                    "step finished ({reason}): {} in, {} out, {} reasoning, {} cache read, {} \
-                     cache write, ${:.6}",
-                    step.input_tokens,
-                    step.output_tokens,
-                    step.reasoning_tokens,
-                    step.cache_read_tokens,
-                    step.cache_write_tokens,
-                    step.cost_usd
+                    "step finished ({}): {} in, {} out, {} reasoning, {} cache read, {} \
+                     cache write, {cost}",
+                    reason.as_deref().unwrap_or("?"),
+                    usage.input_tokens,
+                    usage.output_tokens,
+                    usage.reasoning_tokens,
+                    usage.cache_read_tokens,
+                    usage.cache_write_tokens,
                 ))
             }
-            "error" => {
-                let err = ev.get("error").unwrap_or(&Value::Null);
-                let msg = error_message(err);
+            AgentEvent::Error(e) => {
+                let msg = match e.status {
+                    Some(code) => format!("{} (HTTP {code}): {}", e.name, e.message),
+                    None => format!("{}: {}", e.name, e.message),
+                };
                 self.error = Some(msg.clone());
-                self.error_detail = Some(agent_error(err));
+                self.error_detail = Some(e);
                 Some(format!("error: {msg}"))
             }
-            _ => None,
+            AgentEvent::Note(text) => Some(text),
+            // Decisions are the supervisor's to answer; the log line is its own.
+            AgentEvent::Decision { .. } | AgentEvent::TurnFinished => None,
         }
     }
+}
+
+/// One thing an agent reported, whichever agent it was: what each agent's own stream is read
+/// into (`opencode run`'s JSON lines here, Claude Code's and Codex's in their modules).
+#[derive(Debug, Clone, PartialEq)]
+pub enum AgentEvent {
+    /// The session (thread) the run is in, to resume it later.
+    Session(String),
+    /// `provider/model` the agent says it uses.
+    Model(String),
+    /// A new model step: the texts before it are not the final answer.
+    StepStarted,
+    Text(String),
+    Thinking(String),
+    ToolStarted {
+        tool: String,
+        target: String,
+    },
+    ToolEnded {
+        call: ToolCall,
+        error: Option<String>,
+    },
+    /// A step's or a turn's usage; `reason` is why it ended (`stop`, `tool-calls`, ...).
+    Usage {
+        usage: Usage,
+        reason: Option<String>,
+        cost_reported: bool,
+    },
+    /// The agent waits on a decision over its control channel: its own question, or approval
+    /// for a tool call. `request` is its id for the answer; `input` the tool call's input.
+    Decision {
+        request: String,
+        ask: queue::Ask,
+        input: Value,
+    },
+    TurnFinished,
+    Error(AgentError),
+    /// A line for the log that changes nothing (a retry the agent makes itself, say).
+    Note(String),
+}
+
+/// `opencode run --format json`'s line as events, or `None` when it is not JSON.
+pub fn opencode_events(line: &str) -> Option<Vec<AgentEvent>> {
+    let ev = serde_json::from_str::<Value>(line).ok()?;
+    let mut out = Vec::new();
+    if let Some(s) = ev.get("sessionID").and_then(Value::as_str) {
+        out.push(AgentEvent::Session(s.to_owned()));
+    }
+    let part = ev.get("part").cloned().unwrap_or(Value::Null);
+    match ev.get("type").and_then(Value::as_str).unwrap_or("") {
+        "step_start" => out.push(AgentEvent::StepStarted),
+        "text" => {
+            let text = part.get("text").and_then(Value::as_str).unwrap_or("").to_owned();
+            out.push(AgentEvent::Text(text));
+        }
+        "reasoning" => {
+            let text = part.get("text").and_then(Value::as_str).unwrap_or("").to_owned();
+            out.push(AgentEvent::Thinking(text));
+        }
+        "tool_use" => {
+            let error = part.pointer("/state/error").and_then(Value::as_str).map(str::to_owned);
+            out.push(AgentEvent::ToolEnded { call: tool_call(&part), error });
+        }
+        "step_finish" => {
+            let t = |p: &str| part.pointer(p).and_then(Value::as_u64).unwrap_or(0);
+            let usage = Usage {
+                input_tokens: t("/tokens/input"),
+                output_tokens: t("/tokens/output"),
+                reasoning_tokens: t("/tokens/reasoning"),
+                cache_read_tokens: t("/tokens/cache/read"),
+                cache_write_tokens: t("/tokens/cache/write"),
+                cost_usd: part.get("cost").and_then(Value::as_f64).unwrap_or(0.0),
+                steps: 1,
+            };
+            let reason = part.get("reason").and_then(Value::as_str).unwrap_or("?").to_owned();
+            out.push(AgentEvent::Usage { usage, reason: Some(reason), cost_reported: true });
+        }
+        "error" => {
+            out.push(AgentEvent::Error(agent_error(ev.get("error").unwrap_or(&Value::Null))))
+        }
+        _ => {}
+    }
+    Some(out)
 }
 
 impl RunLog {
@@ -211,21 +312,6 @@ pub(crate) fn tool_call(part: &Value) -> ToolCall {
         target,
         status: state.get("status").and_then(Value::as_str).unwrap_or("?").to_owned(),
         exit_code: state.pointer("/metadata/exit").and_then(Value::as_i64),
-    }
-}
-
-/// The agent's own words for an error event, with the HTTP status when there is one.
-fn error_message(err: &Value) -> String {
-    let name = err.get("name").and_then(Value::as_str).unwrap_or("Error");
-    let data = err.get("data").cloned().unwrap_or(Value::Null);
-    let message = data
-        .get("message")
-        .and_then(Value::as_str)
-        .or_else(|| err.get("message").and_then(Value::as_str))
-        .unwrap_or("unknown error");
-    match data.get("statusCode").and_then(Value::as_i64) {
-        Some(code) => format!("{name} (HTTP {code}): {message}"),
-        None => format!("{name}: {message}"),
     }
 }
 

@@ -12,7 +12,10 @@
 //! It depends on `taskbridge-queue` and must not depend on the UI or MCP crates: those sit on top
 //! of it and meet it only through the queue database.
 
+pub mod agent;
+pub mod claude;
 pub mod clear;
+pub mod codex;
 pub mod decisions;
 pub mod diagnose;
 pub mod error;

@@ -123,3 +123,57 @@ pub fn set_default_model(store: &Store, opencode: &Path, model: &str) -> Result<
     store.set_setting("default_model", model)?;
     Ok(())
 }
+
+/// The models an agent other than OpenCode takes, and what to know about the list. Codex lists
+/// its catalog (`codex debug models`, which works offline); Claude Code has no command that
+/// lists models, so its aliases are given, which follow Anthropic's newest of each family.
+pub fn agent_models(
+    kind: crate::agent::AgentKind,
+    program: &Path,
+) -> Result<(Vec<String>, Option<String>)> {
+    use crate::agent::AgentKind;
+    if let Some(missing) = kind.missing(program) {
+        return Err(Error::Config(missing));
+    }
+    match kind {
+        AgentKind::OpenCode => Err(Error::Config("OpenCode's models come from list_models".into())),
+        AgentKind::ClaudeCode => Ok((
+            ["sonnet", "opus", "haiku"].map(str::to_owned).to_vec(),
+            Some(
+                "Claude Code takes these aliases or a full model name (claude-sonnet-4-5, say); \
+                 it has no command that lists models"
+                    .into(),
+            ),
+        )),
+        AgentKind::Codex => {
+            let out = crate::process::output_within(
+                std::process::Command::new(program).args(["debug", "models"]),
+                LIST_TIMEOUT,
+            )
+            .map_err(|e| {
+                Error::Config(format!("could not run '{} debug models': {e}", program.display()))
+            })?
+            .ok_or_else(|| Error::Config("`codex debug models` did not answer in time".into()))?;
+            if !out.status.success() {
+                return Err(Error::Config(format!(
+                    "`codex debug models` failed: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                )));
+            }
+            let doc: serde_json::Value = serde_json::from_slice(&out.stdout).map_err(|e| {
+                Error::Config(format!("`codex debug models` printed no catalog: {e}"))
+            })?;
+            let models = doc["models"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|m| m["slug"].as_str().or_else(|| m["id"].as_str()))
+                .map(str::to_owned)
+                .collect();
+            Ok((
+                models,
+                Some("Codex's bundled catalog; a provider of your own may offer others".into()),
+            ))
+        }
+    }
+}

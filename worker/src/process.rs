@@ -1,10 +1,11 @@
 //! Running an agent as the leader of its own process group, reading its event stream as it
 //! arrives, and stopping the whole group on cancel, timeout or a lost lease.
 
-use crate::events::RunLog;
+use crate::events::{AgentError, AgentEvent, RunLog};
 use crate::logs::TaskLog;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
+use serde_json::Value;
 use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -190,11 +191,68 @@ impl ProcessTree {
     }
 }
 
-/// Spawns the agent, feeds it `stdin` and closes it (OpenCode reads stdin to EOF), and reads its
-/// events until it exits or `stop` says otherwise. `on_spawn` gets the pid and start time so an
-/// orphan can be found after a crash.
+/// How an agent's process talks: its stdout lines as events, and, for an agent with a control
+/// channel on stdin, how an answer to one of its requests is written there.
+pub trait Dialect: Send {
+    /// The events one stdout line carries, or `None` when the line is not the agent's format.
+    fn events(&mut self, line: &str) -> Option<Vec<AgentEvent>>;
+    /// Events in a stderr line (OpenCode's log names the model it used).
+    fn stderr(&mut self, _line: &str) -> Vec<AgentEvent> {
+        Vec::new()
+    }
+    /// Whether stdin stays open after the prompt, for answers and the agent's own framing.
+    fn keeps_input_open(&self) -> bool {
+        false
+    }
+    /// The line that answers request `request` on stdin.
+    fn answer(&self, _request: &str, _decision: &Decision) -> Option<String> {
+        None
+    }
+    /// Whether this event ends the agent's input (its turn is over: close stdin so it exits).
+    fn ends_input(&self, ev: &AgentEvent) -> bool {
+        matches!(ev, AgentEvent::TurnFinished)
+    }
+    /// Whether this error means the agent will only retry in vain (it would never exit): the
+    /// run is stopped at the first such error.
+    fn is_fatal(&self, _error: &AgentError) -> bool {
+        false
+    }
+}
+
+/// What the supervisor answers to a request the agent made over its control channel.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    /// Go on, with the tool call's input (a question's answers added to it, say).
+    Allow { input: Value },
+    /// Refused, with the reason the agent reads.
+    Deny { message: String },
+    /// Nobody here can decide: the run stops and the task waits for an answer.
+    Wait,
+}
+
+/// `opencode run --format json`: events on stdout, the prompt on stdin read to EOF.
+pub struct OpenCodeRun;
+
+impl Dialect for OpenCodeRun {
+    fn events(&mut self, line: &str) -> Option<Vec<AgentEvent>> {
+        crate::events::opencode_events(line)
+    }
+    fn stderr(&mut self, line: &str) -> Vec<AgentEvent> {
+        let mut seen = RunLog::default();
+        seen.ingest_stderr(line);
+        seen.model_seen.map(AgentEvent::Model).into_iter().collect()
+    }
+}
+
+/// Spawns the agent, feeds it `stdin` (and closes it, unless the dialect keeps it open for
+/// answers), and reads its events until it exits or `stop` says otherwise. A request the agent
+/// makes over its control channel goes to `decide`: answered on stdin, or, when it must wait for
+/// a person or the planner, the run stops there with the decision in [`AgentExit::waiting`].
+/// `on_spawn` gets the pid and start time so an orphan can be found after a crash.
 pub async fn run_agent(
     cmd: AgentCommand,
+    dialect: &mut dyn Dialect,
+    decide: &mut (dyn FnMut(&queue::Ask, &Value) -> Decision + Send),
     log: &mut TaskLog,
     mut stop: watch::Receiver<Option<StopReason>>,
     deadline: tokio::time::Instant,
@@ -217,13 +275,22 @@ pub async fn run_agent(
     let mut tree = ProcessTree::new(i32::try_from(pid).unwrap_or(0));
     let mut scan = tokio::time::interval(Duration::from_millis(500));
 
+    // Everything for stdin goes through one writer task, so a prompt larger than the pipe never
+    // blocks reading the agent's output; dropping the sender closes the agent's stdin.
+    let (in_tx, mut in_rx) = mpsc::unbounded_channel::<String>();
     if let Some(mut stdin) = child.stdin.take() {
-        let prompt = cmd.stdin;
         tokio::spawn(async move {
-            let _ = stdin.write_all(prompt.as_bytes()).await;
+            while let Some(chunk) = in_rx.recv().await {
+                if stdin.write_all(chunk.as_bytes()).await.is_err() {
+                    break;
+                }
+                let _ = stdin.flush().await;
+            }
             let _ = stdin.shutdown().await;
         });
     }
+    let _ = in_tx.send(cmd.stdin);
+    let mut input = dialect.keeps_input_open().then_some(in_tx);
     let (err_tx, mut err_rx) = mpsc::unbounded_channel::<String>();
     if let Some(stderr) = child.stderr.take() {
         tokio::spawn(async move {
@@ -238,16 +305,54 @@ pub async fn run_agent(
     let mut run = RunLog::default();
     let mut tail: VecDeque<String> = VecDeque::new();
     let mut stopped = None;
+    let mut waiting = None;
+    let mut fatal = false;
     let mut stdout = child.stdout.take().map(|s| BufReader::new(s).lines());
     let mut stderr_open = true;
-    loop {
+    'read: loop {
         tokio::select! {
             line = async { match stdout.as_mut() { Some(l) => l.next_line().await, None => std::future::pending().await } } => {
                 match line {
                     Ok(Some(line)) => {
                         log.raw(&line);
-                        if let Some(text) = run.ingest(&line) {
-                            log.line(&text);
+                        let Some(events) = dialect.events(&line) else {
+                            log.line(&format!("(not the agent's format) {line}"));
+                            continue;
+                        };
+                        run.events += 1;
+                        for ev in events {
+                            let close = dialect.ends_input(&ev);
+                            if let AgentEvent::Decision { request, ask, input: tool_input } = &ev {
+                                let decision = decide(ask, tool_input);
+                                match (&decision, dialect.answer(request, &decision)) {
+                                    (Decision::Wait, _) => {
+                                        log.line(&format!("the agent waits for a decision: {}", brief(ask)));
+                                        waiting = Some(ask.clone());
+                                    }
+                                    (d, Some(reply)) => {
+                                        log.line(&match d {
+                                            Decision::Deny { message } => format!("denied {}: {message}", brief(ask)),
+                                            _ => format!("allowed {}", brief(ask)),
+                                        });
+                                        if let Some(tx) = &input {
+                                            let _ = tx.send(format!("{reply}\n"));
+                                        }
+                                    }
+                                    (_, None) => {}
+                                }
+                            }
+                            if let AgentEvent::Error(e) = &ev {
+                                fatal |= dialect.is_fatal(e);
+                            }
+                            if let Some(text) = run.apply(ev) {
+                                log.line(&text);
+                            }
+                            if close {
+                                input = None;
+                            }
+                            if waiting.is_some() || fatal {
+                                break 'read;
+                            }
                         }
                     }
                     _ => stdout = None,
@@ -256,7 +361,9 @@ pub async fn run_agent(
             line = err_rx.recv(), if stderr_open => match line {
                 Some(line) => {
                     log.line(&format!("stderr: {line}"));
-                    run.ingest_stderr(&line);
+                    for ev in dialect.stderr(&line) {
+                        run.apply(ev);
+                    }
                     if tail.len() == 20 {
                         tail.pop_front();
                     }
@@ -281,8 +388,16 @@ pub async fn run_agent(
             break;
         }
     }
-    let status = if let Some(reason) = stopped {
-        log.line(&format!("stopping the agent ({reason:?}): SIGTERM to its processes"));
+    // Stdin stays open until the agent has exited: Claude Code takes the end of its input as a
+    // refusal of the request it waits on, and would ask its model again before the signal lands.
+    let why = match (stopped, &waiting, fatal) {
+        (Some(reason), _, _) => Some(format!("{reason:?}")),
+        (None, Some(_), _) => Some("it waits for a decision".to_owned()),
+        (None, None, true) => Some("its error will not go away by retrying".to_owned()),
+        _ => None,
+    };
+    let status = if let Some(why) = why {
+        log.line(&format!("stopping the agent ({why}): SIGTERM to its processes"));
         tree.refresh();
         tree.signal(Signal::SIGTERM);
         match tokio::time::timeout(KILL_GRACE, child.wait()).await {
@@ -295,8 +410,11 @@ pub async fn run_agent(
             }
         }
     } else {
+        // Its output is closed, so it is exiting; an agent still reading stdin ends with it.
+        drop(input.take());
         child.wait().await?
     };
+    drop(input);
     // Anything the agent left running (servers, watchers, detached commands) goes with it.
     tree.refresh();
     tree.signal(Signal::SIGKILL);
@@ -305,6 +423,15 @@ pub async fn run_agent(
         stopped,
         stderr_tail: tail.into_iter().collect::<Vec<_>>().join("\n"),
         run,
-        waiting: None,
+        waiting,
     })
+}
+
+/// A decision in a few words, for the log: the permission and what it is for, or the question.
+fn brief(ask: &queue::Ask) -> String {
+    match (&ask.permission, ask.questions.first()) {
+        (Some(p), _) => format!("{}: {}", p.permission, p.target.clone().unwrap_or_default()),
+        (None, Some(q)) => format!("the question \"{}\"", q.question),
+        _ => ask.text(),
+    }
 }

@@ -40,6 +40,49 @@ pub struct TaskResult {
     /// Where a worker that ran from a mirror pushed the branch: `<remote> <branch>`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pushed_to: Option<String>,
+    /// Which agent ran the task, what it could do natively, and what held instead where it
+    /// could not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent: Option<AgentReport>,
+}
+
+impl TaskResult {
+    /// Whether `usage.cost_usd` is a cost: an agent that reports none spent an unknown amount,
+    /// not nothing.
+    pub fn cost_known(&self) -> bool {
+        self.agent.as_ref().is_none_or(|a| a.capabilities.reports_cost)
+    }
+
+    /// The usage as results show it: `cost_usd` is `null` when the cost is not known.
+    pub fn usage_json(&self) -> Value {
+        let mut v = serde_json::to_value(&self.usage).unwrap_or(Value::Null);
+        if !self.cost_known() {
+            v["cost_usd"] = Value::Null;
+        }
+        v
+    }
+
+    /// The whole result as it is stored, with [`TaskResult::usage_json`].
+    pub fn to_json(&self) -> Value {
+        let mut v = serde_json::to_value(self).unwrap_or(Value::Null);
+        v["usage"] = self.usage_json();
+        v
+    }
+}
+
+/// The agent that ran a task (`TaskResult::agent`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AgentReport {
+    /// `opencode`, `opencode:<agent>`, `claude-code` or `codex`.
+    pub name: String,
+    /// How OpenCode was driven (`serve` or `run`); absent for the other agents.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    #[serde(flatten)]
+    pub capabilities: crate::agent::Capabilities,
+    /// Each guarantee that held another way than natively, in words.
+    #[serde(default)]
+    pub fallbacks: Vec<String>,
 }
 
 /// One verification command TaskBridge ran itself in the worktree.
@@ -233,7 +276,66 @@ pub fn tests_run(run: &RunLog, reported: &ReportedResult) -> Vec<TestRun> {
     out
 }
 
-/// How each safety flag was applied, said honestly.
+/// How each safety flag was applied on this agent, said honestly.
+pub fn permissions_for(
+    kind: crate::agent::AgentKind,
+    readonly: bool,
+    no_shell: bool,
+    no_network: bool,
+) -> Vec<Permission> {
+    use crate::agent::AgentKind;
+    let p = |flag: &str, enabled: bool, enforcement: &str, how: &str| Permission {
+        flag: flag.into(),
+        enabled,
+        enforcement: enforcement.into(),
+        how: how.into(),
+    };
+    match kind {
+        AgentKind::OpenCode => permissions(readonly, no_shell, no_network),
+        AgentKind::ClaudeCode => vec![
+            p(
+                "readonly",
+                readonly,
+                "enforced",
+                "Claude Code's Edit, MultiEdit, Write and NotebookEdit tools are removed, every \
+                 other tool call is decided by TaskBridge, and every change left in the worktree \
+                 is reverted after the run and listed in reverted_files",
+            ),
+            p("no_shell", no_shell, "enforced", "Claude Code's Bash tools are removed"),
+            p(
+                "no_network",
+                no_network,
+                "advisory",
+                "Claude Code's WebFetch and WebSearch tools are removed; shell commands could \
+                 still reach the network",
+            ),
+        ],
+        AgentKind::Codex => vec![
+            p(
+                "readonly",
+                readonly,
+                "enforced",
+                "Codex runs in its read-only sandbox, and every change left in the worktree is \
+                 reverted after the run and listed in reverted_files",
+            ),
+            p(
+                "no_shell",
+                no_shell,
+                "not enforced",
+                "codex exec always has its shell tool; submit refuses no_shell for codex, so \
+                 only a task queued otherwise gets here",
+            ),
+            p(
+                "no_network",
+                no_network,
+                "enforced",
+                "Codex's workspace-write and read-only sandboxes give commands no network",
+            ),
+        ],
+    }
+}
+
+/// How each safety flag was applied on OpenCode, said honestly.
 pub fn permissions(readonly: bool, no_shell: bool, no_network: bool) -> Vec<Permission> {
     let p = |flag: &str, enabled: bool, enforcement: &str, how: &str| Permission {
         flag: flag.into(),

@@ -9,6 +9,7 @@
 //! requests. A lost lease stops the run without writing anything: the fencing token makes sure a
 //! worker that was paused or partitioned can never overwrite the next run's result.
 
+use crate::agent::AgentKind;
 use crate::diagnose::{self, Diagnosis, ModelUsed};
 use crate::error::{Error, Result};
 use crate::events::{AgentError, Usage};
@@ -68,6 +69,9 @@ pub struct WorkerConfig {
     /// The OpenCode executable (`opencode`, found on PATH, unless configured).
     pub opencode: PathBuf,
     pub opencode_mode: OpenCodeMode,
+    /// The Claude Code and Codex executables (`claude`, `codex` on PATH unless configured).
+    pub claude: PathBuf,
+    pub codex: PathBuf,
     /// Used when neither the task nor the database names a model.
     pub default_model: Option<String>,
     /// Exit once nothing is running and nothing is runnable.
@@ -97,6 +101,8 @@ impl Default for WorkerConfig {
             lease: Duration::from_secs(30),
             opencode: PathBuf::from("opencode"),
             opencode_mode: OpenCodeMode::Serve,
+            claude: PathBuf::from("claude"),
+            codex: PathBuf::from("codex"),
             default_model: None,
             once: false,
             retry_base: Duration::from_secs(10),
@@ -175,6 +181,20 @@ pub struct Worker {
     /// Held while a mirror is fetched: two fetches into one repository would fight over its
     /// ref locks.
     mirrors: Arc<std::sync::Mutex<()>>,
+}
+
+/// What one turn of a CLI agent (Claude Code, Codex) needs.
+struct CliTurn<'a> {
+    kind: AgentKind,
+    task: &'a Task,
+    token: i64,
+    dir: &'a Path,
+    prompt: &'a str,
+    model: Option<&'a str>,
+    /// The session to resume: an answer, a verification round, a follow-up, an interrupted run.
+    session: Option<&'a str>,
+    grants: crate::serve::Grants,
+    deadline: tokio::time::Instant,
 }
 
 /// A spare worktree: clean, detached, ready to be put on the next task's branch.
@@ -788,8 +808,13 @@ impl Worker {
             }));
         }
 
+        let spec = crate::agent::AgentSpec::of(task);
+        let native_opencode = spec.kind == AgentKind::OpenCode;
         let model = match &task.model {
             Some(m) => Some(m.clone()),
+            // The default model is OpenCode's `provider/model`; the other agents use their own
+            // default unless the task names one.
+            None if !native_opencode => None,
             None => self
                 .blocking(|s| s.setting("default_model"))
                 .await
@@ -814,11 +839,12 @@ impl Worker {
         if let Some(m) = &model {
             args.extend(["-m".into(), m.clone()]);
         }
-        if let Some(a) = &task.agent {
+        if let Some(a) = &spec.opencode_agent {
             args.extend(["--agent".into(), a.clone()]);
         }
         let notes = notes_section(&new_notes);
-        let serving = self.server.is_some();
+        // Whether OpenCode's warm server runs this task (the other agents run a process a turn).
+        let serving = self.server.is_some() && native_opencode;
         // A task that ran before in this session and was interrupted (its worker or server died,
         // an attempt failed) goes on in the same session on the warm server: the agent keeps its
         // context and the worktree keeps its work.
@@ -830,7 +856,10 @@ impl Worker {
         {
             args.extend(["--session".into(), s.clone()]);
         }
-        let interrupted = resume.is_none() && serving && task.session_id.is_some() && !followup;
+        let interrupted = resume.is_none()
+            && (serving || !native_opencode)
+            && task.session_id.is_some()
+            && !followup;
         let mut prompt = match &resume {
             Some(r) => {
                 args.extend(["--session".into(), r.session_id.clone()]);
@@ -885,6 +914,45 @@ impl Worker {
         let mut res = 'agent: loop {
             let mut tries = 0;
             let exit = loop {
+                if !native_opencode {
+                    let session = resume
+                        .as_ref()
+                        .map(|r| r.session_id.clone())
+                        .or_else(|| follow_session.clone())
+                        .or_else(|| followup_session.clone())
+                        .or_else(|| task.session_id.clone().filter(|_| interrupted));
+                    if let Some(what) = &rejected {
+                        let error = format!("stopped: the answer rejected {what}");
+                        return Ok(Some(Outcome::FailedPermanently { error, result: None }));
+                    }
+                    let mut grants = crate::decisions::always_grants(task);
+                    if let Some(r) = &resume
+                        && let Some(ask) = &r.ask
+                        && let (Some(p), Ok(a)) = (&ask.permission, ask.parse_answer(&r.answer))
+                        && matches!(
+                            a,
+                            queue::Answer::PermissionOnce | queue::Answer::PermissionAlways
+                        )
+                    {
+                        // The agent asks again for what was approved; this time it is let through.
+                        grants.once.push((p.permission.clone(), p.patterns.clone()));
+                    }
+                    let run = CliTurn {
+                        kind: spec.kind,
+                        task,
+                        token,
+                        dir: &dir,
+                        prompt: &prompt,
+                        model: model.as_deref(),
+                        session: session.as_deref(),
+                        grants,
+                        deadline,
+                    };
+                    match self.run_cli(run, log, stop.clone()).await {
+                        Ok(exit) => break exit,
+                        Err(outcome) => return Ok(Some(outcome)),
+                    }
+                }
                 if let Some(server) = &self.server {
                     let mut grants = crate::decisions::always_grants(task);
                     let delivery = match &resume {
@@ -1049,8 +1117,17 @@ impl Worker {
                         tracing::warn!(task = %id, error = %e, "recording the agent pid failed");
                     }
                 };
-                let exit = match process::run_agent(cmd, log, stop.clone(), deadline, on_spawn)
-                    .await
+                let mut never = |_: &queue::Ask, _: &serde_json::Value| process::Decision::Wait;
+                let exit = match process::run_agent(
+                    cmd,
+                    &mut process::OpenCodeRun,
+                    &mut never,
+                    log,
+                    stop.clone(),
+                    deadline,
+                    on_spawn,
+                )
+                .await
                 {
                     Ok(exit) => exit,
                     Err(e) => {
@@ -1095,7 +1172,12 @@ impl Worker {
                     u
                 },
                 branch: Some(branch.clone()),
-                permissions: result::permissions(task.readonly, task.no_shell, task.no_network),
+                permissions: result::permissions_for(
+                    spec.kind,
+                    task.readonly,
+                    task.no_shell,
+                    task.no_network,
+                ),
                 session_id: exit.run.session_id.clone().or_else(|| task.session_id.clone()),
                 exit_code: exit.exit_code,
                 tool_calls: exit.run.tool_calls.len(),
@@ -1113,7 +1195,9 @@ impl Worker {
                 let _ = self.blocking(move |s| s.record_run(id, token, facts)).await;
             }
             res.permission_requests = self.permission_requests(id).await;
-            res.permissions.extend(crate::decisions::ask_permissions(task, serving));
+            res.permissions.extend(crate::decisions::ask_permissions(task, spec.kind, serving));
+            res.agent =
+                Some(crate::decisions::agent_report(task, &spec, serving, self.server.is_some()));
 
             let failure = match exit.stopped {
                 Some(StopReason::LostLease) => return Ok(None),
@@ -1126,16 +1210,29 @@ impl Worker {
                     message: format!("timed out after {} s", task.timeout_s),
                     retryable: true,
                 }),
-                None => match (&exit.run.error_detail, exit.exit_code) {
-                    (Some(e), _) => {
+                // Stopped to wait for a decision: not a failure.
+                None if exit.waiting.is_some() && exit.run.error_detail.is_none() => None,
+                None => match (&exit.run.error_detail, exit.exit_code, spec.kind) {
+                    (Some(e), _, AgentKind::ClaudeCode) => {
+                        Some(crate::claude::diagnose(e, model.as_deref()))
+                    }
+                    (Some(e), _, AgentKind::Codex) => {
+                        Some(crate::codex::diagnose(e, model.as_deref()))
+                    }
+                    (Some(e), _, AgentKind::OpenCode) => {
                         let used = ModelUsed {
                             requested: model.clone(),
                             seen: exit.run.model_seen.clone(),
                         };
                         Some(self.diagnose_agent_error(e, &used).await)
                     }
-                    (None, Some(0)) => None,
-                    (None, code) => Some(diagnose::exit_failure(code, &exit.stderr_tail)),
+                    (None, Some(0), _) => None,
+                    (None, code, AgentKind::OpenCode) => {
+                        Some(diagnose::exit_failure(code, &exit.stderr_tail))
+                    }
+                    (None, code, kind) => {
+                        Some(diagnose::cli_exit_failure(kind.name(), code, &exit.stderr_tail))
+                    }
                 },
             };
             let failure = failure.or_else(|| {
@@ -1160,9 +1257,10 @@ impl Worker {
             }
             if let Some(question) = result::question(&final_text) {
                 let Some(session_id) = res.session_id.clone() else {
-                    let error =
-                        "the agent asked a question but OpenCode reported no session to resume"
-                            .into();
+                    let error = format!(
+                        "the agent asked a question but {} reported no session to resume",
+                        spec.kind.name()
+                    );
                     return Ok(Some(Outcome::Failed {
                         error,
                         result: Some(to_json(&res)),
@@ -1209,6 +1307,7 @@ impl Worker {
                         );
                         follow_session = res.session_id.clone();
                         if !serving
+                            && native_opencode
                             && let Some(s) = &follow_session
                             && !args.iter().any(|a| a == "--session")
                         {
@@ -1268,6 +1367,76 @@ impl Worker {
             }
         }
         Ok(Some(Outcome::Done { result: to_json(&res) }))
+    }
+
+    /// The CLI an agent runs as, as this worker is configured.
+    pub fn program(&self, kind: AgentKind) -> &Path {
+        match kind {
+            AgentKind::OpenCode => &self.cfg.opencode,
+            AgentKind::ClaudeCode => &self.cfg.claude,
+            AgentKind::Codex => &self.cfg.codex,
+        }
+    }
+
+    /// One turn of Claude Code or Codex: a process in the worktree, its tool calls decided
+    /// against the task's rules as they come. `Err` is the outcome when it could not start.
+    async fn run_cli(
+        &self,
+        turn: CliTurn<'_>,
+        log: &mut TaskLog,
+        stop: watch::Receiver<Option<StopReason>>,
+    ) -> std::result::Result<process::AgentExit, Outcome> {
+        let CliTurn { kind, task, token, dir, prompt, model, session, mut grants, deadline } = turn;
+        let program = self.program(kind).to_path_buf();
+        if let Some(missing) = kind.missing(&program) {
+            return Err(Outcome::FailedPermanently { error: missing, result: None });
+        }
+        let (args, stdin, mut dialect): (_, _, Box<dyn process::Dialect>) = match kind {
+            AgentKind::ClaudeCode => {
+                if let Some(s) = session {
+                    crate::claude::carry_session(s, dir);
+                }
+                (
+                    crate::claude::args(task, model, session),
+                    crate::claude::prompt_line(prompt),
+                    Box::new(crate::claude::ClaudeStream::default()),
+                )
+            }
+            _ => (
+                crate::codex::args(task, model, session),
+                prompt.to_owned(),
+                Box::new(crate::codex::CodexStream),
+            ),
+        };
+        log.line(&format!("$ {} {}", program.display(), shell_words(&args)));
+        let cmd = AgentCommand { program, args, env: vec![], cwd: dir.to_path_buf(), stdin };
+        let id = task.id;
+        let store = self.store.clone();
+        let on_spawn = move |pid: i64, started: Option<String>| {
+            let facts =
+                RunFacts { agent_pid: Some(pid), agent_started: started, ..Default::default() };
+            if let Err(e) = store.record_run(id, token, facts) {
+                tracing::warn!(task = %id, error = %e, "recording the agent pid failed");
+            }
+        };
+        let mut decide = |ask: &queue::Ask, input: &serde_json::Value| match &ask.permission {
+            Some(p) if ask.kind == queue::AskKind::Permission => {
+                let tool = crate::agent::ToolUse {
+                    permission: p.permission.clone(),
+                    pattern: p.patterns.first().cloned().unwrap_or_default(),
+                };
+                crate::agent::decide(task, &mut grants, &tool, input)
+            }
+            // The agent's own question: the planner or a person answers it.
+            _ => process::Decision::Wait,
+        };
+        let exit =
+            process::run_agent(cmd, dialect.as_mut(), &mut decide, log, stop, deadline, on_spawn)
+                .await;
+        exit.map_err(|e| {
+            let error = format!("could not start '{}': {e}", self.program(kind).display());
+            Outcome::FailedPermanently { error, result: None }
+        })
     }
 
     /// The commit a task starts from, and what its dependencies did (for its prompt): on its
@@ -1566,7 +1735,7 @@ fn builds_on(deps: &[DepInfo]) -> String {
 }
 
 fn to_json(res: &TaskResult) -> serde_json::Value {
-    serde_json::to_value(res).unwrap_or(serde_json::Value::Null)
+    res.to_json()
 }
 
 fn notes_section(notes: &[String]) -> String {

@@ -94,7 +94,7 @@ pub struct Grants {
 
 impl Grants {
     /// Whether `p` is approved; a one-time approval is used up.
-    fn approves(&mut self, p: &PermissionAsk) -> bool {
+    pub fn approves(&mut self, p: &PermissionAsk) -> bool {
         if let Some(i) =
             self.once.iter().position(|(perm, pats)| perm == &p.permission && pats == &p.patterns)
         {

@@ -1,6 +1,7 @@
 //! The `submit` operation shared by the CLI, the MCP server and the TUI: resolve the repository
 //! and ref with git, then enqueue.
 
+use crate::agent::{AgentKind, AgentSpec};
 use crate::error::Result;
 use crate::git;
 use crate::models::{ModelCheck, check_model};
@@ -67,8 +68,17 @@ pub fn submit_batch(
     shared: queue::Budget,
 ) -> Result<Submitted> {
     let mut warnings = Vec::new();
+    let mut reqs = reqs;
+    for r in &mut reqs {
+        r.spec.agent = check_agent(&r.spec)?.stored();
+    }
     let mut checked = std::collections::BTreeSet::new();
-    for model in reqs.iter().filter_map(|r| r.spec.model.as_deref()) {
+    // OpenCode's models are checked against its list; the other agents take their own names.
+    let opencode_models = reqs.iter().filter(|r| {
+        AgentSpec::parse(r.spec.agent.as_deref().unwrap_or("")).map(|a| a.kind)
+            == Ok(AgentKind::OpenCode)
+    });
+    for model in opencode_models.filter_map(|r| r.spec.model.as_deref()) {
         if checked.insert(model.to_owned())
             && let ModelCheck::Unverified(why) = check_model(store, opencode, model)?
         {
@@ -76,6 +86,9 @@ pub fn submit_batch(
         }
     }
     let specs = reqs.into_iter().map(|r| r.resolve(cwd)).collect::<Result<Vec<_>>>()?;
+    for spec in &specs {
+        check_codex_rules(spec)?;
+    }
     if store.location().is_shared() {
         // Workers on other hosts must be able to fetch each base: checked (and pushed when
         // needed) before anything is stored, so a refusal stores nothing.
@@ -115,6 +128,44 @@ pub fn submit_batch(
         );
     }
     Ok(Submitted { tasks, warnings })
+}
+
+/// The agent a task names, refused when it is unknown or its CLI is missing here (with the
+/// command that installs it). OpenCode's own CLI is checked by its model check and its worker.
+fn check_agent(spec: &TaskSpec) -> Result<AgentSpec> {
+    let agent =
+        AgentSpec::parse(spec.agent.as_deref().unwrap_or("")).map_err(crate::Error::Config)?;
+    if agent.kind != AgentKind::OpenCode
+        && let Some(missing) = agent.kind.missing(&agent.kind.program_from_env())
+    {
+        return Err(crate::Error::Config(missing));
+    }
+    Ok(agent)
+}
+
+/// What `codex exec` cannot honour is refused before it is queued, rather than quietly not
+/// held: it always has a shell, and it cannot stop to ask for an approval.
+fn check_codex_rules(spec: &TaskSpec) -> Result<()> {
+    if AgentSpec::parse(spec.agent.as_deref().unwrap_or("")).map(|a| a.kind) != Ok(AgentKind::Codex)
+    {
+        return Ok(());
+    }
+    if spec.no_shell {
+        return Err(crate::Error::Config(
+            "codex cannot run without its shell (codex exec has no way to turn it off): drop \
+             no_shell, or use agent opencode or claude-code, which remove their shell tools"
+                .into(),
+        ));
+    }
+    if !spec.ask.is_empty() {
+        return Err(crate::Error::Config(format!(
+            "codex cannot ask for approval (codex exec has no approvals), so the ask rules {} \
+             (the task's and the repository's .taskbridge.toml) could not hold: use agent \
+             opencode or claude-code, which wait for an answer",
+            spec.ask.join(", ")
+        )));
+    }
+    Ok(())
 }
 
 /// Submits one request; see [`submit_batch`].
