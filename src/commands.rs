@@ -202,13 +202,14 @@ pub fn run(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode> {
                 outln!("no workers have run on this database; start one with `taskbridge worker`");
             } else {
                 outln!(
-                    "{:<28}  {:>7}  {:<16}  {:<8}  {:>9}  {:<15}  TASKS",
+                    "{:<28}  {:>7}  {:<16}  {:<8}  {:>9}  {:<15}  {:<26}  TASKS",
                     "ID",
                     "PID",
                     "HOST",
                     "STATE",
                     "HEARTBEAT",
-                    "AGENT"
+                    "AGENT",
+                    "RUNS"
                 );
                 for w in &workers {
                     let state = match (w.stopped, w.stale) {
@@ -218,14 +219,17 @@ pub fn run(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode> {
                     };
                     let tasks: Vec<String> =
                         w.current_tasks.iter().map(|t| t.0.to_string()).collect();
+                    let runs =
+                        if w.agents.is_empty() { "opencode".into() } else { w.agents.join(",") };
                     outln!(
-                        "{:<28}  {:>7}  {:<16}  {:<8}  {:>9}  {:<15}  {}",
+                        "{:<28}  {:>7}  {:<16}  {:<8}  {:>9}  {:<15}  {:<26}  {}",
                         truncate(&w.id, 28),
                         w.pid,
                         truncate(&w.host, 16),
                         state,
                         format!("{} ago", human_duration(now() - w.heartbeat_at)),
                         w.agent.as_deref().unwrap_or("?"),
+                        runs,
                         tasks.join(", ")
                     );
                 }

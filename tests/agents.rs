@@ -49,6 +49,23 @@ fn working_in(dir: &std::path::Path) -> Vec<(i32, String)> {
         .collect()
 }
 
+/// The task both edit scenarios give their agent, and what every agent's result must say of
+/// it: the summary it reported, the file from git, the test it really ran.
+fn greeting_task(env: &Env, agent: &str) -> Value {
+    let id = env.submit(&["Add a greeting file", "--agent", agent]);
+    let _worker = env.start_worker(1);
+    let t = finished(env, id);
+    assert_eq!(t["status"], "done", "{t:#}\nlog:\n{}", env.log(id));
+    let r = &t["result"];
+    assert_eq!(r["summary"], "Added hello.txt.");
+    assert_eq!(files(r), vec![("hello.txt".into(), "added".into())]);
+    assert_eq!(
+        r["tests_run"],
+        json!([{"command": "sh test.sh", "exit_code": 0, "observed": true}])
+    );
+    t
+}
+
 fn files(r: &Value) -> Vec<(String, String)> {
     let mut files: Vec<(String, String)> = r["files_touched"]
         .as_array()
@@ -68,17 +85,8 @@ fn claude_code_edits_runs_the_test_and_reports_usage_and_cost() {
         Turn::text(result_block("Added hello.txt.", &["sh test.sh"])),
     ]);
     let env = Env::new().with_claude(&mock);
-    let id = env.submit(&["Add a greeting file", "--agent", "claude-code"]);
-    let _worker = env.start_worker(1);
-    let t = finished(&env, id);
-    assert_eq!(t["status"], "done", "{t:#}\nlog:\n{}", env.log(id));
-    let r = &t["result"];
-    assert_eq!(r["summary"], "Added hello.txt.");
-    assert_eq!(files(r), vec![("hello.txt".into(), "added".into())]);
-    assert_eq!(
-        r["tests_run"],
-        json!([{"command": "sh test.sh", "exit_code": 0, "observed": true}])
-    );
+    let t = greeting_task(&env, "claude-code");
+    let (id, r) = (t["id"].as_i64().unwrap(), &t["result"]);
     assert_eq!(git_out(&env.repo, &["show", "taskbridge/task-1:hello.txt"]), "greeting");
     // Claude Code's own figures: the tokens the mock sent, and the cost it worked out.
     let sent = mock.sent_usage();
@@ -131,13 +139,7 @@ fn claude_codes_own_question_waits_with_its_options_and_the_answer_goes_on_in_it
     let ask = &t["questions"][0]["ask"];
     assert_eq!(ask["kind"], "question", "{t:#}");
     assert_eq!(ask["questions"][0]["question"], "Which colour should the banner be?");
-    let labels: Vec<&str> = ask["questions"][0]["options"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|o| o["label"].as_str().unwrap())
-        .collect();
-    assert_eq!(labels, ["Red", "Blue"]);
+    assert_eq!(option_labels(ask), ["Red", "Blue"]);
     let session = t["session_id"].as_str().unwrap().to_owned();
     // Nothing runs while the task waits: the agent's process is gone.
     let wt = env.worktree(id);
@@ -196,17 +198,9 @@ fn an_ask_rule_makes_claude_code_wait_for_approval_and_the_approved_call_goes_th
     assert_eq!(ask_rule["enforcement"], "enforced");
 }
 
-fn unauthorized() -> Turn {
-    Turn::Error {
-        status: 401,
-        kind: "authentication_error".into(),
-        message: "invalid x-api-key".into(),
-    }
-}
-
 #[test]
 fn a_401_fails_a_claude_code_task_at_once_saying_how_to_log_in() {
-    let mock = MockAnthropic::spawn((0..30).map(|_| unauthorized()).collect());
+    let mock = MockAnthropic::spawn((0..30).map(|_| Turn::unauthorized()).collect());
     let env = Env::new().with_claude(&mock);
     let id = env.submit(&["Anything", "--agent", "claude-code", "--max-attempts", "3"]);
     let _worker = env.start_worker(1);
@@ -278,17 +272,8 @@ fn codex_edits_runs_the_test_and_reports_tokens_with_no_cost() {
         Reply::Text(result_block("Added hello.txt.", &["sh test.sh"])),
     ]);
     let env = Env::new().with_codex(&mock);
-    let id = env.submit(&["Add a greeting file", "--agent", "codex"]);
-    let _worker = env.start_worker(1);
-    let t = finished(&env, id);
-    assert_eq!(t["status"], "done", "{t:#}\nlog:\n{}", env.log(id));
-    let r = &t["result"];
-    assert_eq!(r["summary"], "Added hello.txt.");
-    assert_eq!(files(r), vec![("hello.txt".into(), "added".into())]);
-    assert_eq!(
-        r["tests_run"],
-        json!([{"command": "sh test.sh", "exit_code": 0, "observed": true}])
-    );
+    let t = greeting_task(&env, "codex");
+    let (id, r) = (t["id"].as_i64().unwrap(), &t["result"]);
     let (input, cached, output) = mock.sent();
     let u = &r["usage"];
     // OpenAI counts cached input inside its input tokens; the result, as for every agent, apart.
@@ -571,4 +556,63 @@ fn a_codex_follow_up_goes_on_in_its_parents_thread_in_the_new_worktree() {
     assert_eq!(shown, wt2);
     let convo = mock.requests().last().unwrap()["input"].to_string();
     assert!(convo.contains("Write one.txt") && convo.contains("Now say where you are"), "{convo}");
+}
+
+/// Two workers on one queue, one of them on a host without Claude Code: its tasks go to the
+/// other; with that one gone, submit says so and the task fails saying what to install.
+#[test]
+fn a_task_goes_to_a_worker_that_has_its_agents_cli() {
+    let mock = MockAnthropic::spawn(vec![Turn::text(result_block("Claude did it.", &[])); 3]);
+    let env = Env::new().with_claude(&mock);
+    let worker = |claude: &str| {
+        Child(
+            env.cmd()
+                .args(["worker", "--concurrency", "1"])
+                .env("TASKBRIDGE_CLAUDE", claude)
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap(),
+        )
+    };
+    let mut full = worker(claude_cli().to_str().unwrap());
+    let _bare = worker("/nonexistent/claude");
+    let listed =
+        || -> Vec<Value> { serde_json::from_str(&env.ok(&["list-workers", "--json"])).unwrap() };
+    assert!(
+        eventually(Duration::from_secs(30), || listed()
+            .iter()
+            .filter(|w| w["agents"].as_array().is_some_and(|a| !a.is_empty()))
+            .count()
+            == 2),
+        "{:#?}",
+        listed()
+    );
+    let runs_claude = |pid: u32| {
+        let w = listed().into_iter().find(|w| w["pid"] == pid).unwrap();
+        w["agents"].as_array().unwrap().contains(&json!("claude-code"))
+    };
+    assert!(runs_claude(full.pid()) && !runs_claude(_bare.pid()));
+    assert!(env.ok(&["list-workers"]).contains("opencode,claude-code"));
+
+    for n in 0..3 {
+        let id = env.submit(&[&format!("A hard refactor ({n})"), "--agent", "claude-code"]);
+        let t = env.wait_status(id, "done", RUN);
+        assert!(
+            t["worker"].as_str().unwrap().contains(&format!(":{}:", full.pid())),
+            "task {id} ran on {} ({:#?})",
+            t["worker"],
+            listed()
+        );
+    }
+
+    assert!(full.terminate().success());
+    let out = env.run(&["submit", "One more", "--agent", "claude-code"]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("no running worker has the claude-code CLI"), "{said}");
+    let id: i64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    let t = env.wait_status(id, "failed", RUN);
+    let error = t["error"].as_str().unwrap();
+    assert!(error.contains("npm install -g @anthropic-ai/claude-code@2.1.197"), "{error}");
 }

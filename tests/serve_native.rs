@@ -75,13 +75,7 @@ fn a_native_question_answered_with_an_option_label_over_mcp_returns_to_the_same_
     assert_eq!(ask["kind"], "question", "{t:#}");
     assert_eq!(ask["questions"][0]["question"], "Which colour should the banner be?");
     assert_eq!(ask["questions"][0]["header"], "Banner colour");
-    let labels: Vec<&str> = ask["questions"][0]["options"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|o| o["label"].as_str().unwrap())
-        .collect();
-    assert_eq!(labels, ["red", "blue", "green"]);
+    assert_eq!(option_labels(ask), ["red", "blue", "green"]);
     assert_eq!(ask["questions"][0]["options"][1]["description"], "Calm");
     assert!(t["question"].as_str().unwrap().contains("one of: red, blue, green"), "{t:#}");
     // `show` prints the choices too.

@@ -186,18 +186,10 @@ fn question_scenario(env: Env, mode: &str) {
     assert_eq!(t["result"]["usage"]["cache_read_tokens"].as_u64().unwrap(), sent.cache_read);
 }
 
-fn unauthorized() -> Turn {
-    Turn::Error {
-        status: 401,
-        kind: "authentication_error".into(),
-        message: "invalid x-api-key".into(),
-    }
-}
-
 #[test]
 fn an_api_401_fails_at_once_naming_the_model_and_how_to_log_in() {
     let env = Env::new();
-    let mock = MockAnthropic::spawn((0..6).map(|_| unauthorized()).collect());
+    let mock = MockAnthropic::spawn((0..6).map(|_| Turn::unauthorized()).collect());
     let env = env.with_mock(&mock);
     let id = env.submit(&["Anything", "--max-attempts", "3"]);
     let _worker = env.start_worker(1);
@@ -223,7 +215,7 @@ fn in_serve_mode_with_no_model_configured_the_error_names_the_model_the_server_c
 
 fn no_model_scenario(mode: &str) {
     let env = Env::new();
-    let mock = MockAnthropic::spawn((0..6).map(|_| unauthorized()).collect());
+    let mock = MockAnthropic::spawn((0..6).map(|_| Turn::unauthorized()).collect());
     let mut env = env.with_mock(&mock);
     // Only the loopback provider, so OpenCode's own default is one of its models.
     let mut cfg: Value = serde_json::from_str(env.opencode_config.as_deref().unwrap()).unwrap();

@@ -15,7 +15,10 @@ use crate::store::Store;
 const TABLES: &[(&str, &str)] = &[
     ("settings", "key:t value:t"),
     ("budgets", "id:i max_cost_usd:r max_tokens:i created_at:r"),
-    ("workers", "id:t pid:i host:t started_at:r heartbeat_at:r concurrency:i stopped_at:r agent:t"),
+    (
+        "workers",
+        "id:t pid:i host:t started_at:r heartbeat_at:r concurrency:i stopped_at:r agent:t agents:t",
+    ),
     (
         "tasks",
         "id:i title:t prompt:t repo:t base:t priority:i model:t agent:t readonly:i no_network:i \

@@ -785,6 +785,10 @@ pub struct WorkerInfo {
     /// What it drives: `opencode run` or `opencode serve` (`None` from an older binary).
     #[serde(default)]
     pub agent: Option<String>,
+    /// The agents it can run: `opencode`, and `claude-code` and `codex` when their CLIs are on
+    /// its host (empty from an older binary: OpenCode only).
+    #[serde(default)]
+    pub agents: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

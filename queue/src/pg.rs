@@ -23,6 +23,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (5, include_str!("../migrations/pg/0005_schema.sql")),
     (6, include_str!("../migrations/pg/0006_remote.sql")),
     (7, include_str!("../migrations/pg/0007_orphans.sql")),
+    (8, include_str!("../migrations/pg/0008_worker_agents.sql")),
 ];
 
 /// How long an operation keeps trying to reach a database that went away.

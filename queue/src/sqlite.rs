@@ -18,6 +18,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0005_plans.sql"),
     include_str!("../migrations/0006_remote.sql"),
     include_str!("../migrations/0007_orphans.sql"),
+    include_str!("../migrations/0008_worker_agents.sql"),
 ];
 
 /// The schema version this build writes (both backends carry the same versions).

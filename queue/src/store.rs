@@ -696,6 +696,8 @@ impl Store {
         // worker's to resume: only it can answer the blocked request. A task that resumes an
         // agent session stays on the host whose agent keeps that session while a worker lives
         // there (several hosts share a PostgreSQL queue; their agents do not share sessions).
+        // A task for Claude Code or Codex is left to a worker whose host has that CLI while
+        // one is alive; with none, any worker takes it and fails it saying what to install.
         const SET: &str = "status = 'running', worker = ?1, worker_host = ?2,
             lease_token = lease_token + 1, lease_until = ?3 + ?4,
             attempts = attempts + CASE WHEN pending_answer IS NULL THEN 1 ELSE 0 END,
@@ -711,7 +713,12 @@ impl Store {
                      AND w.stopped_at IS NULL AND w.heartbeat_at > ?3 - ?5))
             AND (t.session_id IS NULL OR t.worker_host IS NULL OR t.worker_host = ?2
                  OR NOT EXISTS (SELECT 1 FROM workers w WHERE w.host = t.worker_host
-                     AND w.stopped_at IS NULL AND w.heartbeat_at > ?3 - ?5))";
+                     AND w.stopped_at IS NULL AND w.heartbeat_at > ?3 - ?5))
+            AND (t.agent IS NULL OR t.agent NOT IN ('claude-code', 'codex')
+                 OR EXISTS (SELECT 1 FROM workers me WHERE me.id = ?1
+                     AND me.agents LIKE '%,' || t.agent || ',%')
+                 OR NOT EXISTS (SELECT 1 FROM workers w WHERE w.stopped_at IS NULL
+                     AND w.heartbeat_at > ?3 - ?5 AND w.agents LIKE '%,' || t.agent || ',%'))";
         static SQLITE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
             // INDEXED BY: left to itself the planner takes the status index and sorts every
             // queued task on each claim (2 ms at 2,000 queued); the partial index walks them in
@@ -1367,6 +1374,14 @@ impl Store {
         })
     }
 
+    /// Records the agents worker `id` can run (`opencode`, `claude-code`, `codex`): a task for
+    /// one of them is left to such a worker while one is alive.
+    pub fn worker_runs(&self, id: &str, agents: &[&str]) -> Result<()> {
+        let list = format!(",{},", agents.join(","));
+        self.exec_alone("UPDATE workers SET agents = ?2 WHERE id = ?1", args![id, list])?;
+        Ok(())
+    }
+
     pub fn worker_heartbeat(&self, id: &str) -> Result<()> {
         self.exec_alone(
             "UPDATE workers SET heartbeat_at = unixepoch('subsec') WHERE id = ?1",
@@ -1391,7 +1406,7 @@ impl Store {
                         unixepoch('subsec') - w.heartbeat_at,
                         (SELECT group_concat(t.id) FROM tasks t
                           WHERE t.worker = w.id AND t.status = 'running'),
-                        w.agent
+                        w.agent, w.agents
                    FROM workers w
                   WHERE w.stopped_at IS NULL OR w.stopped_at > unixepoch('subsec') - 86400
                   ORDER BY w.started_at",
@@ -1412,6 +1427,12 @@ impl Store {
                     stopped,
                     stale: !stopped && silent_for > WORKER_STALE_AFTER_S,
                     agent: r.get(9)?,
+                    agents: r
+                        .get::<Option<String>>(10)?
+                        .map(|a| {
+                            a.split(',').filter(|s| !s.is_empty()).map(str::to_owned).collect()
+                        })
+                        .unwrap_or_default(),
                 })
             })
             .collect()

@@ -48,6 +48,7 @@ on_both!(
     fencing_rejects_every_write_from_an_expired_lease,
     a_session_is_resumed_on_the_host_that_keeps_it_while_a_worker_lives_there,
     orphans_wait_for_a_worker_on_their_own_host,
+    a_task_for_another_agent_waits_for_a_worker_that_has_its_cli,
 );
 
 fn open(b: Backend) -> (Db, Store) {
@@ -1081,6 +1082,32 @@ fn a_session_is_resumed_on_the_host_that_keeps_it_while_a_worker_lives_there(b: 
     store.worker_stopped("a1").unwrap();
     store.worker_stopped("a2").unwrap();
     assert_eq!(store.claim_next("b1", "host-b", LEASE).unwrap().unwrap().task.id, f);
+}
+
+fn a_task_for_another_agent_waits_for_a_worker_that_has_its_cli(b: Backend) {
+    let (_d, store) = open(b);
+    store.register_worker("plain", 1, "host-a", 1, "opencode serve").unwrap();
+    store.worker_runs("plain", &["opencode"]).unwrap();
+    store.register_worker("full", 2, "host-b", 1, "opencode serve").unwrap();
+    store.worker_runs("full", &["opencode", "claude-code", "codex"]).unwrap();
+    let mut s = spec("a hard refactor");
+    s.agent = Some("claude-code".into());
+    let claude = store.submit(s).unwrap().0.id;
+    let opencode = submit(&store, "a quick fix");
+    // The worker without Claude Code passes over it to what it can run.
+    assert_eq!(store.claim_next("plain", "host-a", LEASE).unwrap().unwrap().task.id, opencode);
+    assert!(store.claim_next("plain", "host-a", LEASE).unwrap().is_none());
+    assert_eq!(store.claim_next("full", "host-b", LEASE).unwrap().unwrap().task.id, claude);
+    let workers = store.list_workers().unwrap();
+    let full = workers.iter().find(|w| w.id == "full").unwrap();
+    assert_eq!(full.agents, ["opencode", "claude-code", "codex"]);
+    // With no live worker that has the CLI, any worker takes the task, to fail it saying what
+    // to install rather than leave it queued for good.
+    let mut s = spec("a quick test");
+    s.agent = Some("codex".into());
+    let codex = store.submit(s).unwrap().0.id;
+    store.worker_stopped("full").unwrap();
+    assert_eq!(store.claim_next("plain", "host-a", LEASE).unwrap().unwrap().task.id, codex);
 }
 
 /// TLS to a remote database: `require` encrypts, `verify-full` also checks the server's

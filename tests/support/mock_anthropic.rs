@@ -34,6 +34,14 @@ impl Turn {
     pub fn tool(name: &str, input: Value) -> Self {
         Turn::Tool { name: name.into(), input }
     }
+    /// The API refusing the key, as it answers a bad one.
+    pub fn unauthorized() -> Self {
+        Turn::Error {
+            status: 401,
+            kind: "authentication_error".into(),
+            message: "invalid x-api-key".into(),
+        }
+    }
     pub fn bash(command: &str) -> Self {
         Turn::tool("bash", json!({"command": command, "description": "run it"}))
     }

@@ -50,6 +50,16 @@ pub fn python() -> PathBuf {
     p
 }
 
+/// The labels of the options an ask's first question offers.
+pub fn option_labels(ask: &Value) -> Vec<String> {
+    ask["questions"][0]["options"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["label"].as_str().unwrap().to_owned())
+        .collect()
+}
+
 /// The pinned Codex CLI that `.ci/run` installs.
 pub fn codex_cli() -> PathBuf {
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join(".tools/node_modules/.bin/codex");

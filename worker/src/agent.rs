@@ -262,21 +262,6 @@ pub fn permission_decision(tool: &ToolUse) -> Ask {
 mod tests {
     use super::*;
 
-    fn sample() -> Task {
-        serde_json::from_value(serde_json::json!({
-            "id": 1, "title": "t", "prompt": "p", "repo": "/r", "base": "b", "priority": 0,
-            "depends_on": [], "waiting_on": [], "model": null, "agent": null, "readonly": false,
-            "no_network": false, "no_shell": false, "worktree_keep": false, "max_attempts": 1,
-            "timeout_s": 1, "question_timeout_s": null, "request_id": null, "status": "queued",
-            "display_status": "queued", "question": null, "questions": [], "notes": [],
-            "session_id": null, "result": null, "error": null, "attempts": 0, "worker": null,
-            "lease_until": null, "cancel_requested": false, "branch": null, "worktree": null,
-            "created_at": 0.0, "started_at": null, "finished_at": null, "updated_at": 0.0,
-            "not_before": null
-        }))
-        .unwrap()
-    }
-
     #[test]
     fn agents_are_named_as_submit_takes_them_and_unknown_ones_say_which_there_are() {
         assert_eq!(AgentSpec::parse("claude-code").map(|s| s.kind), Ok(AgentKind::ClaudeCode));
@@ -289,14 +274,14 @@ mod tests {
         assert_eq!(plan.stored().as_deref(), Some("opencode:plan"));
         let e = AgentSpec::parse("gpt").unwrap_err();
         assert!(e.contains("claude-code") && e.contains("opencode:plan"), "{e}");
-        let mut t = sample();
+        let mut t = crate::sample_task();
         t.agent = Some("plan".into());
         assert_eq!(AgentSpec::of(&t).opencode_agent.as_deref(), Some("plan"));
     }
 
     #[test]
     fn flags_deny_before_ask_rules_and_an_always_grant_lets_the_next_call_through() {
-        let mut t = sample();
+        let mut t = crate::sample_task();
         t.no_shell = true;
         let bash = ToolUse { permission: "bash".into(), pattern: "git push origin".into() };
         let d = decide(&t, &mut Grants::default(), &bash, &Value::Null);

@@ -20,6 +20,10 @@ pub fn args(task: &queue::Task, model: Option<&str>, session: Option<&str>) -> V
     args.extend(["--json".into(), "--skip-git-repo-check".into()]);
     // `resume` takes no --sandbox: the same setting, as configuration.
     args.extend(["-c".into(), format!("sandbox_mode=\"{sandbox}\"")]);
+    if task.no_network {
+        // Whatever the user's own config allows.
+        args.extend(["-c".into(), "sandbox_workspace_write.network_access=false".into()]);
+    }
     if let Some(m) = model {
         args.extend(["-m".into(), crate::agent::model_for(crate::agent::AgentKind::Codex, m)]);
     }

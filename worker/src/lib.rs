@@ -38,3 +38,21 @@ pub use error::{Error, Result};
 pub use result::TaskResult;
 pub use runner::{OpenCodeMode, RunningWorker, Worker, WorkerConfig};
 pub use submit::{SubmitRequest, Submitted, followup, submit, submit_batch};
+
+/// A task as the queue would hand it over, for the unit tests' decisions.
+#[cfg(test)]
+pub(crate) fn sample_task() -> queue::Task {
+    #[allow(clippy::unwrap_used)]
+    serde_json::from_value(serde_json::json!({
+        "id": 1, "title": "t", "prompt": "p", "repo": "/r", "base": "b", "priority": 0,
+        "depends_on": [], "waiting_on": [], "model": null, "agent": null, "readonly": false,
+        "no_network": false, "no_shell": false, "worktree_keep": false, "max_attempts": 1,
+        "timeout_s": 1, "question_timeout_s": null, "request_id": null, "status": "queued",
+        "display_status": "queued", "question": null, "questions": [], "notes": [],
+        "session_id": null, "result": null, "error": null, "attempts": 0, "worker": null,
+        "lease_until": null, "cancel_requested": false, "branch": null, "worktree": null,
+        "created_at": 0.0, "started_at": null, "finished_at": null, "updated_at": 0.0,
+        "not_before": null
+    }))
+    .unwrap()
+}

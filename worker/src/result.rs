@@ -329,7 +329,8 @@ pub fn permissions_for(
                 "no_network",
                 no_network,
                 "enforced",
-                "Codex's workspace-write and read-only sandboxes give commands no network",
+                "Codex's sandbox runs commands with its network off (TaskBridge sets \
+                 sandbox_workspace_write.network_access=false, whatever the user's config says)",
             ),
         ],
     }

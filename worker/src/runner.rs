@@ -313,6 +313,10 @@ impl Worker {
         let agent = format!("opencode {}", self.cfg.opencode_mode.as_str());
         self.blocking(move |s| s.register_worker(&id, std::process::id(), &host, conc, &agent))
             .await?;
+        let agents = self.agents();
+        tracing::info!(worker = %self.id, ?agents, "agents this worker can run");
+        let id = self.id.clone();
+        self.blocking(move |s| s.worker_runs(&id, &agents)).await?;
         self.recover_dead_local_workers().await;
         let housekeeping = tokio::spawn(self.clone().housekeeping(shutdown.clone()));
         let slots = Arc::new(Semaphore::new(self.cfg.concurrency.max(1)));
@@ -1367,6 +1371,19 @@ impl Worker {
             }
         }
         Ok(Some(Outcome::Done { result: to_json(&res) }))
+    }
+
+    /// The agents whose CLIs this worker has (OpenCode is always listed: a task on it fails
+    /// saying what to install, as before there were several agents).
+    pub fn agents(&self) -> Vec<&'static str> {
+        crate::agent::ALL
+            .iter()
+            .filter(|k| {
+                **k == AgentKind::OpenCode
+                    || crate::agent::find_program(self.program(**k)).is_some()
+            })
+            .map(|k| k.name())
+            .collect()
     }
 
     /// The CLI an agent runs as, as this worker is configured.

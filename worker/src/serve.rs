@@ -887,18 +887,7 @@ mod tests {
         let task = queue::Task {
             ask_rules: vec!["bash:git push*".into()],
             no_shell: true,
-            ..serde_json::from_value(serde_json::json!({
-                "id": 1, "title": "t", "prompt": "p", "repo": "/r", "base": "b", "priority": 0,
-                "depends_on": [], "waiting_on": [], "model": null, "agent": null, "readonly": false,
-                "no_network": false, "no_shell": true, "worktree_keep": false, "max_attempts": 1,
-                "timeout_s": 1, "question_timeout_s": null, "request_id": null, "status": "queued",
-                "display_status": "queued", "question": null, "questions": [], "notes": [],
-                "session_id": null, "result": null, "error": null, "attempts": 0, "worker": null,
-                "lease_until": null, "cancel_requested": false, "branch": null, "worktree": null,
-                "created_at": 0.0, "started_at": null, "finished_at": null, "updated_at": 0.0,
-                "not_before": null
-            }))
-            .unwrap()
+            ..crate::sample_task()
         };
         let rules = permission_rules(&task);
         let rules = rules.as_array().unwrap();

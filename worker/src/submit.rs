@@ -118,8 +118,24 @@ pub fn submit_batch(
             }
         }
     }
+    let wanted: std::collections::BTreeSet<String> = specs
+        .iter()
+        .filter_map(|s| s.agent.clone())
+        .filter(|a| AgentSpec::parse(a).is_ok_and(|a| a.kind != AgentKind::OpenCode))
+        .collect();
     let tasks = store.submit_batch_budgeted(specs, shared)?;
-    let alive = store.list_workers()?.iter().filter(|w| !w.stopped && !w.stale).count();
+    let workers = store.list_workers()?;
+    let live: Vec<_> = workers.iter().filter(|w| !w.stopped && !w.stale).collect();
+    for agent in wanted {
+        if !live.is_empty() && !live.iter().any(|w| w.agents.contains(&agent)) {
+            warnings.push(format!(
+                "no running worker has the {agent} CLI, so the task will fail saying what to \
+                 install: install it on a worker's host and restart that worker first \
+                 (`taskbridge list-workers` shows what each runs)"
+            ));
+        }
+    }
+    let alive = live.len();
     if alive == 0 && tasks.iter().any(|(t, _)| !t.status.is_terminal()) {
         warnings.push(
             "no worker is running, so the task waits in the queue: start one with `taskbridge \

@@ -1,0 +1,2 @@
+-- Schema version 8 (see ../0008_worker_agents.sql).
+ALTER TABLE workers ADD COLUMN agents TEXT;
