@@ -109,6 +109,8 @@ fn git_env() -> Vec<(&'static str, &'static str)> {
 pub struct Env {
     /// More environment for every command (an agent's endpoint and key, say).
     pub extra_env: Vec<(String, String)>,
+    /// Variables every command runs without.
+    pub unset_env: Vec<String>,
     pub dir: tempfile::TempDir,
     pub home: PathBuf,
     pub repo: PathBuf,
@@ -138,6 +140,7 @@ impl Env {
         let repo = repo.canonicalize().unwrap();
         Env {
             extra_env: Vec::new(),
+            unset_env: Vec::new(),
             dir,
             home,
             repo,
@@ -183,6 +186,9 @@ impl Env {
         ] {
             self.extra_env.push((k.into(), v));
         }
+        // The README says a worker running as root needs no IS_SANDBOX for Claude Code; the
+        // tests run without it whatever the environment has (some containers set it).
+        self.unset_env.push("IS_SANDBOX".into());
         self
     }
 
@@ -258,6 +264,9 @@ impl Env {
             .env_remove("ANTHROPIC_API_KEY");
         c.env_remove("TASKBRIDGE_CLAUDE").env_remove("TASKBRIDGE_CODEX");
         c.envs(self.extra_env.iter().map(|(k, v)| (k, v)));
+        for k in &self.unset_env {
+            c.env_remove(k);
+        }
         match &self.db {
             Some(db) => c.env("TASKBRIDGE_DB", db),
             None => c.env_remove("TASKBRIDGE_DB"),
