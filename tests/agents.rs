@@ -616,3 +616,24 @@ fn a_task_goes_to_a_worker_that_has_its_agents_cli() {
     let error = t["error"].as_str().unwrap();
     assert!(error.contains("npm install -g @anthropic-ai/claude-code@2.1.197"), "{error}");
 }
+
+/// OpenCode's server denies a change outside the worktree; so does TaskBridge for Claude Code,
+/// whose model may name any path.
+#[test]
+fn claude_code_may_not_change_a_file_outside_its_worktree() {
+    let env = Env::new();
+    let target = env.repo.join("escaped.txt");
+    let mock = MockAnthropic::spawn(vec![
+        Turn::tool("Write", json!({"file_path": target, "content": "out\n"})),
+        Turn::text(result_block("Tried.", &[])),
+    ]);
+    let env = env.with_claude(&mock);
+    let id = env.submit(&["Write a file", "--agent", "claude-code"]);
+    let _worker = env.start_worker(1);
+    let t = finished(&env, id);
+    assert_eq!(t["status"], "done", "{t:#}\n{}", env.log(id));
+    assert!(!target.exists(), "the main checkout was changed");
+    let told = mock.requests()[1]["messages"].to_string();
+    assert!(told.contains("outside the task's worktree"), "the model is told why: {told}");
+    assert!(env.log(id).contains("denied edit:"), "{}", env.log(id));
+}

@@ -219,11 +219,21 @@ pub struct ToolUse {
     pub pattern: String,
 }
 
-/// Decides a tool call the way OpenCode's server does for the task's rules: the flags' denies
-/// first (no `ask` rule loosens them), then the task's `ask` rules, which wait for an answer
-/// unless an earlier answer granted it; everything else is allowed (the worktree is the task's).
-pub fn decide(task: &Task, grants: &mut Grants, tool: &ToolUse, input: &Value) -> Decision {
+/// Decides a tool call the way OpenCode's server does for the task's rules: a change outside
+/// the task's worktree `dir` and the flags' denies first (no `ask` rule loosens them), then the
+/// task's `ask` rules, which wait for an answer unless an earlier answer granted it; everything
+/// else is allowed (the worktree is the task's).
+pub fn decide(
+    task: &Task,
+    dir: &Path,
+    grants: &mut Grants,
+    tool: &ToolUse,
+    input: &Value,
+) -> Decision {
     let denied = match tool.permission.as_str() {
+        "edit" if outside(dir, &tool.pattern) => {
+            Some("it changes a file outside the task's worktree; work in the worktree")
+        }
         "edit" if task.readonly => Some("this task is read-only: it may not change files"),
         "bash" if task.no_shell => Some("this task may not run shell commands"),
         "webfetch" | "websearch" if task.no_network => Some("this task may not use the network"),
@@ -241,6 +251,25 @@ pub fn decide(task: &Task, grants: &mut Grants, tool: &ToolUse, input: &Value) -
         return Decision::Wait;
     }
     Decision::Allow { input: input.clone() }
+}
+
+/// Whether `path` (as a tool names it: absolute, or relative to the worktree) is outside `dir`.
+/// `..` is resolved by the path's words, so a path that climbs out is outside.
+fn outside(dir: &Path, path: &str) -> bool {
+    use std::path::Component;
+    let joined = dir.join(path);
+    let mut normal = PathBuf::new();
+    for c in joined.components() {
+        match c {
+            Component::ParentDir => {
+                normal.pop();
+            }
+            Component::CurDir => {}
+            other => normal.push(other),
+        }
+    }
+    let real = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+    !(normal.starts_with(dir) || normal.starts_with(&real))
 }
 
 /// The permission request a tool call makes, as the task waits on it.
@@ -284,17 +313,35 @@ mod tests {
         let mut t = crate::sample_task();
         t.no_shell = true;
         let bash = ToolUse { permission: "bash".into(), pattern: "git push origin".into() };
-        let d = decide(&t, &mut Grants::default(), &bash, &Value::Null);
+        let dir = Path::new("/w/task-1");
+        let d = decide(&t, dir, &mut Grants::default(), &bash, &Value::Null);
         assert!(matches!(d, Decision::Deny { .. }), "{d:?}");
         t.no_shell = false;
         t.ask_rules = vec!["bash:git push*".into()];
-        assert_eq!(decide(&t, &mut Grants::default(), &bash, &Value::Null), Decision::Wait);
+        assert_eq!(decide(&t, dir, &mut Grants::default(), &bash, &Value::Null), Decision::Wait);
         let mut grants = Grants { always: vec![("bash".into(), "git push*".into())], once: vec![] };
-        assert!(matches!(decide(&t, &mut grants, &bash, &Value::Null), Decision::Allow { .. }));
-        let ls = ToolUse { permission: "bash".into(), pattern: "ls".into() };
         assert!(matches!(
-            decide(&t, &mut Grants::default(), &ls, &Value::Null),
+            decide(&t, dir, &mut grants, &bash, &Value::Null),
             Decision::Allow { .. }
         ));
+        let ls = ToolUse { permission: "bash".into(), pattern: "ls".into() };
+        assert!(matches!(
+            decide(&t, dir, &mut Grants::default(), &ls, &Value::Null),
+            Decision::Allow { .. }
+        ));
+    }
+
+    #[test]
+    fn an_edit_outside_the_worktree_is_denied_and_one_inside_allowed() {
+        let t = crate::sample_task();
+        let dir = Path::new("/w/task-1");
+        let edit = |p: &str| ToolUse { permission: "edit".into(), pattern: p.into() };
+        let decided = |p: &str| decide(&t, dir, &mut Grants::default(), &edit(p), &Value::Null);
+        for inside in ["/w/task-1/src/a.rs", "src/a.rs", "/w/task-1/x/../b.rs"] {
+            assert!(matches!(decided(inside), Decision::Allow { .. }), "{inside}");
+        }
+        for out in ["/w/repo/src/a.rs", "../repo/a.rs", "/w/task-1/../task-2/a.rs", "/etc/passwd"] {
+            assert!(matches!(decided(out), Decision::Deny { .. }), "{out}");
+        }
     }
 }

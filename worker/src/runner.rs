@@ -1442,7 +1442,7 @@ impl Worker {
                     permission: p.permission.clone(),
                     pattern: p.patterns.first().cloned().unwrap_or_default(),
                 };
-                crate::agent::decide(task, &mut grants, &tool, input)
+                crate::agent::decide(task, dir, &mut grants, &tool, input)
             }
             // The agent's own question: the planner or a person answers it.
             _ => process::Decision::Wait,
