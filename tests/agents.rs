@@ -637,3 +637,24 @@ fn claude_code_may_not_change_a_file_outside_its_worktree() {
     assert!(told.contains("outside the task's worktree"), "the model is told why: {told}");
     assert!(env.log(id).contains("denied edit:"), "{}", env.log(id));
 }
+
+/// With TaskBridge registered in Claude Code (what `install.sh --yes` does), a Claude Code task
+/// must not start another TaskBridge: the agent runs with none of the user's MCP servers.
+#[test]
+fn a_claude_code_task_starts_none_of_the_users_mcp_servers() {
+    let mock = MockAnthropic::spawn(vec![Turn::text(result_block("Nothing to do.", &[]))]);
+    let env = Env::new().with_claude(&mock);
+    env.ok(&["config", "claude-code", "--write"]);
+    let id = env.submit(&["Look around", "--agent", "claude-code"]);
+    let _worker = env.start_worker(1);
+    let t = finished(&env, id);
+    assert_eq!(t["status"], "done", "{t:#}\n{}", env.log(id));
+    let tools: Vec<String> = mock.requests()[0]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["name"].as_str().map(str::to_owned))
+        .collect();
+    assert!(tools.contains(&"Bash".to_owned()), "{tools:?}");
+    assert!(!tools.iter().any(|t| t.starts_with("mcp__")), "{tools:?}");
+}

@@ -3,8 +3,8 @@
 //!
 //! Approvals and Claude Code's own questions (`AskUserQuestion`) arrive over its stdio control
 //! channel (`--permission-prompt-tool stdio`): a `control_request` of subtype `can_use_tool`,
-//! answered with a `control_response` that allows (with the tool's input, a question's answers
-//! added) or denies (with a message the model reads). A tool call the task's rules allow or deny
+//! answered with a `control_response` that allows (with the tool's input) or denies (with a
+//! message the model reads). A tool call the task's rules allow or deny
 //! is answered at once; one that needs a person or the planner stops the process, and the answer
 //! goes on in the same session (`--resume`) as a prompt, an approval granted for the call the
 //! agent then makes again. The wire format is not documented by its authors: what is read here
@@ -34,6 +34,9 @@ pub fn args(task: &queue::Task, model: Option<&str>, session: Option<&str>) -> V
         // skips permissions, so running as root needs no IS_SANDBOX.
         "--permission-mode",
         "default",
+        // None of the user's MCP servers: once registered, TaskBridge itself is one of them,
+        // and a task must not start another TaskBridge (with its own worker).
+        "--strict-mcp-config",
     ]
     .iter()
     .map(|s| s.to_string())

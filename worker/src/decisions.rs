@@ -113,6 +113,13 @@ pub fn agent_report(
                 .to_owned(),
         );
     }
+    if spec.kind == AgentKind::ClaudeCode && !task.ask_rules.is_empty() {
+        fallbacks.push(
+            "ask rules: Claude Code applies its own settings' allow rules (~/.claude/settings.json, \
+             the repository's .claude/) before it asks; a tool call they allow is not asked about"
+                .to_owned(),
+        );
+    }
     if spec.kind == AgentKind::ClaudeCode {
         fallbacks.push(
             "decisions: a question or approval stops Claude Code's process; the answer resumes \
