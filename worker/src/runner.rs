@@ -439,15 +439,24 @@ impl Worker {
         if ids.is_empty() {
             return;
         }
+        let me = self.id.clone();
         let live = self
             .blocking(move |s| {
                 let mut live = Vec::new();
                 for id in ids {
-                    // Queued: answered, and about to be claimed again.
-                    if matches!(
-                        s.get(id).map(|t| t.status),
-                        Ok(TaskStatus::Waiting | TaskStatus::Queued)
-                    ) {
+                    // Queued: answered, and about to be claimed again. Running here: claimed
+                    // again by this worker, which is making its worktree ready and has not
+                    // taken the parked request yet (dropping it then lost the answer's reply,
+                    // seen under CI load).
+                    let keep = match s.get(id) {
+                        Ok(t) => match t.status {
+                            TaskStatus::Waiting | TaskStatus::Queued => true,
+                            TaskStatus::Running => t.worker.as_deref() == Some(me.as_str()),
+                            _ => false,
+                        },
+                        Err(_) => false,
+                    };
+                    if keep {
                         live.push(id);
                     }
                 }
