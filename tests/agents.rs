@@ -58,23 +58,12 @@ fn greeting_task(env: &Env, agent: &str) -> Value {
     assert_eq!(t["status"], "done", "{t:#}\nlog:\n{}", env.log(id));
     let r = &t["result"];
     assert_eq!(r["summary"], "Added hello.txt.");
-    assert_eq!(files(r), vec![("hello.txt".into(), "added".into())]);
+    assert_eq!(files_touched(r), vec![("hello.txt".into(), "added".into())]);
     assert_eq!(
         r["tests_run"],
         json!([{"command": "sh test.sh", "exit_code": 0, "observed": true}])
     );
     t
-}
-
-fn files(r: &Value) -> Vec<(String, String)> {
-    let mut files: Vec<(String, String)> = r["files_touched"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| (f["path"].as_str().unwrap().to_owned(), f["status"].as_str().unwrap().to_owned()))
-        .collect();
-    files.sort();
-    files
 }
 
 #[test]
@@ -154,7 +143,7 @@ fn claude_codes_own_question_waits_with_its_options_and_the_answer_goes_on_in_it
     assert_eq!(t["result"]["summary"], "Made the banner blue.", "{}", env.log(id));
     assert_eq!(t["session_id"], session, "the same session went on");
     assert_eq!(t["attempts"], 1, "answering does not use attempts");
-    assert_eq!(files(&t["result"]), vec![("banner.txt".into(), "added".into())]);
+    assert_eq!(files_touched(&t["result"]), vec![("banner.txt".into(), "added".into())]);
     // The resumed request carried the whole conversation: the task, the question, the answer.
     let reqs = mock.requests();
     let resumed =
@@ -182,7 +171,7 @@ fn an_ask_rule_makes_claude_code_wait_for_approval_and_the_approved_call_goes_th
     env.ok(&["answer", &id.to_string(), "once"]);
     let t = env.wait_status(id, "done", RUN);
     assert_eq!(
-        files(&t["result"]),
+        files_touched(&t["result"]),
         vec![("approved.txt".into(), "added".into())],
         "{}",
         env.log(id)
@@ -498,6 +487,21 @@ fn a_missing_cli_or_a_rule_the_agent_cannot_hold_is_refused_at_submit_and_nothin
     assert_eq!(missing.ok(&["list", "--json"]).trim(), "[]", "nothing was queued");
 }
 
+/// Task "Write one.txt" on `agent`, then its follow-up `prompt`, both done: (parent, follow-up).
+/// The worker runs OpenCode as `run`, which keeps no spare directories, so the follow-up gets a
+/// new worktree.
+fn follow_up(env: &Env, agent: &str, prompt: &str) -> (Value, Value) {
+    let first = env.submit(&["Write one.txt", "--agent", agent]);
+    let _worker = env.start_worker_with(1, &["--opencode", "run"]);
+    let t1 = env.wait_status(first, "done", RUN);
+    let out = env.ok(&["followup", &first.to_string(), prompt]);
+    let second: i64 = out.split_whitespace().find_map(|w| w.parse().ok()).unwrap();
+    let t2 =
+        env.wait_task(second, RUN, |t| ["done", "failed"].contains(&t["status"].as_str().unwrap()));
+    assert_eq!(t2["status"], "done", "{t2:#}\n{}", env.log(second));
+    (t1, t2)
+}
+
 /// A follow-up runs in a worktree of its own (a worker without spare directories makes a new
 /// one) and goes on in its parent's session, which Claude Code keeps per directory.
 #[test]
@@ -509,18 +513,11 @@ fn a_claude_code_follow_up_goes_on_in_its_parents_session_in_a_new_worktree() {
         Turn::text(result_block("Wrote two.", &[])),
     ]);
     let env = Env::new().with_claude(&mock);
-    let first = env.submit(&["Write one.txt", "--agent", "claude-code"]);
-    let _worker = env.start_worker_with(1, &["--opencode", "run"]);
-    let t1 = env.wait_status(first, "done", RUN);
-    let out = env.ok(&["followup", &first.to_string(), "Now write two.txt as well"]);
-    let second: i64 = out.split_whitespace().find_map(|w| w.parse().ok()).unwrap();
-    let t2 =
-        env.wait_task(second, RUN, |t| ["done", "failed"].contains(&t["status"].as_str().unwrap()));
-    assert_eq!(t2["status"], "done", "{t2:#}\n{}", env.log(second));
+    let (t1, t2) = follow_up(&env, "claude-code", "Now write two.txt as well");
     assert_eq!(t2["agent"], "claude-code", "a follow-up keeps its parent's agent");
     assert_ne!(t2["worktree"], t1["worktree"]);
     assert_eq!(t2["result"]["session_id"], t1["result"]["session_id"], "the same session");
-    assert_eq!(files(&t2["result"]), vec![("two.txt".into(), "added".into())]);
+    assert_eq!(files_touched(&t2["result"]), vec![("two.txt".into(), "added".into())]);
     let convo = mock.requests().last().unwrap()["messages"].to_string();
     assert!(convo.contains("Write one.txt") && convo.contains("Now write two.txt"), "{convo}");
 }
@@ -534,22 +531,15 @@ fn a_codex_follow_up_goes_on_in_its_parents_thread_in_the_new_worktree() {
         Reply::Text(result_block("Wrote where.", &[])),
     ]);
     let env = Env::new().with_codex(&mock);
-    let first = env.submit(&["Write one.txt", "--agent", "codex"]);
-    let _worker = env.start_worker_with(1, &["--opencode", "run"]);
-    let t1 = env.wait_status(first, "done", RUN);
-    let out = env.ok(&["followup", &first.to_string(), "Now say where you are"]);
-    let second: i64 = out.split_whitespace().find_map(|w| w.parse().ok()).unwrap();
-    let t2 =
-        env.wait_task(second, RUN, |t| ["done", "failed"].contains(&t["status"].as_str().unwrap()));
-    assert_eq!(t2["status"], "done", "{t2:#}\n{}", env.log(second));
+    let (t1, t2) = follow_up(&env, "codex", "Now say where you are");
     assert_eq!(t2["result"]["session_id"], t1["result"]["session_id"], "the same thread");
     // The command ran in the follow-up's own worktree, not its parent's.
     let wt2 = t2["worktree"].as_str().unwrap();
     assert_eq!(
-        files(&t2["result"]),
+        files_touched(&t2["result"]),
         vec![("where.txt".into(), "added".into())],
         "{}",
-        env.log(second)
+        env.log(t2["id"].as_i64().unwrap())
     );
     let shown =
         git_out(&env.repo, &["show", &format!("{}:where.txt", t2["branch"].as_str().unwrap())]);

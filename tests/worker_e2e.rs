@@ -54,15 +54,8 @@ fn edit_scenario(mode: &str) {
     let r = &task["result"];
     assert_eq!(r["summary"], "Added hello.txt and updated the README.");
     assert_eq!(r["open_questions"], json!(["Should hello.txt be localised?"]));
-    let mut files: Vec<(String, String)> = r["files_touched"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| (f["path"].as_str().unwrap().to_owned(), f["status"].as_str().unwrap().to_owned()))
-        .collect();
-    files.sort();
     assert_eq!(
-        files,
+        files_touched(r),
         vec![("README.md".into(), "modified".into()), ("hello.txt".into(), "added".into())]
     );
     assert_eq!(

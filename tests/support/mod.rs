@@ -50,6 +50,18 @@ pub fn python() -> PathBuf {
     p
 }
 
+/// A result's files_touched as (path, status), sorted.
+pub fn files_touched(r: &Value) -> Vec<(String, String)> {
+    let mut files: Vec<(String, String)> = r["files_touched"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| (f["path"].as_str().unwrap().to_owned(), f["status"].as_str().unwrap().to_owned()))
+        .collect();
+    files.sort();
+    files
+}
+
 /// The labels of the options an ask's first question offers.
 pub fn option_labels(ask: &Value) -> Vec<String> {
     ask["questions"][0]["options"]
