@@ -648,3 +648,25 @@ fn a_claude_code_task_starts_none_of_the_users_mcp_servers() {
     assert!(tools.contains(&"Bash".to_owned()), "{tools:?}");
     assert!(!tools.iter().any(|t| t.starts_with("mcp__")), "{tools:?}");
 }
+
+/// OpenCode's own agents go by `opencode:<agent>`, on the warm server and on `opencode run`
+/// alike: the task is run by that agent (its plan-mode instructions reach the model), and its
+/// name reaches OpenCode without the prefix (with it, the server never ran the prompt).
+#[test]
+fn an_opencode_agent_named_opencode_colon_agent_runs_the_task_in_both_modes() {
+    for mode in ["serve", "run"] {
+        let mock = MockAnthropic::spawn(vec![Turn::text(result_block("Done.", &[])); 2]);
+        let env = Env::new().with_mock(&mock);
+        let planned = env.submit(&["Plan the change", "--agent", "opencode:plan"]);
+        let plain = env.submit(&["Make the change", "--after", &planned.to_string()]);
+        let _worker = env.start_worker_with(1, &["--opencode", mode]);
+        for id in [planned, plain] {
+            let t = finished(&env, id);
+            assert_eq!(t["status"], "done", "{mode}: {t:#}\n{}", env.log(id));
+        }
+        assert_eq!(env.show(planned)["result"]["agent"]["name"], "opencode:plan");
+        let reqs = mock.requests();
+        assert!(reqs[0].to_string().contains("Plan mode"), "{mode}: the plan agent's request");
+        assert!(!reqs[1].to_string().contains("Plan mode"), "{mode}: the default agent's");
+    }
+}

@@ -509,7 +509,8 @@ impl ServeAgent {
         if let Some((provider, model)) = turn.model.as_deref().and_then(|m| m.split_once('/')) {
             prompt["model"] = json!({"providerID": provider, "modelID": model});
         }
-        if let Some(agent) = &turn.task.agent {
+        // A task names OpenCode's own agents `opencode:<agent>`; the server takes the bare name.
+        if let Some(agent) = crate::agent::AgentSpec::of(turn.task).opencode_agent {
             prompt["agent"] = json!(agent);
         }
         let url = self.url(port, &format!("/session/{session}/prompt_async"), turn.dir);
