@@ -6,6 +6,7 @@ use crate::Ctx;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
+use worker::agent::find_program;
 
 /// The OpenCode release TaskBridge is tested against.
 pub use worker::agent::OPENCODE_TESTED;
@@ -51,20 +52,13 @@ fn output(program: &Path, args: &[&str], limit: Duration) -> Result<String, Stri
     }
 }
 
-fn which(program: &Path) -> Option<PathBuf> {
-    if program.components().count() > 1 {
-        return program.is_file().then(|| program.to_path_buf());
-    }
-    std::env::split_paths(&std::env::var_os("PATH")?).map(|d| d.join(program)).find(|c| c.is_file())
-}
-
 fn opencode(ctx: &Ctx) -> Check {
     let program = &ctx.config.worker.opencode;
     let install = format!(
         "install it with `npm install -g opencode-ai@{OPENCODE_TESTED}`, or set TASKBRIDGE_OPENCODE \
          (or `[worker] opencode` in the config file) to its path"
     );
-    let Some(path) = which(program) else {
+    let Some(path) = find_program(program) else {
         return fail(format!("OpenCode: '{}' not found", program.display()), install);
     };
     match output(&path, &["--version"], Duration::from_secs(30)) {
@@ -92,7 +86,7 @@ fn other_agent(kind: worker::agent::AgentKind) -> Check {
         _ => ("Codex", CODEX_TESTED),
     };
     let program = kind.program_from_env();
-    let Some(path) = worker::agent::find_program(&program) else {
+    let Some(path) = find_program(&program) else {
         return ok(format!(
             "agent {}: {name} is not installed (only tasks with --agent {} need it: `{}`)",
             kind.name(),
@@ -133,7 +127,7 @@ fn model(ctx: &Ctx) -> (Check, Option<String>) {
                   (`taskbridge list-models` lists them)";
     // OpenCode's own config may name one (`model` in opencode.json).
     let own = || {
-        let path = which(&ctx.config.worker.opencode)?;
+        let path = find_program(&ctx.config.worker.opencode)?;
         let text = output(&path, &["debug", "config"], Duration::from_secs(30)).ok()?;
         let v: serde_json::Value = serde_json::from_str(&text).ok()?;
         v.get("model")?.as_str().map(str::to_owned)
@@ -169,7 +163,7 @@ fn model(ctx: &Ctx) -> (Check, Option<String>) {
 
 /// A one-token prompt through OpenCode: the model is not only named but answers.
 fn probe(ctx: &Ctx, model: &str) -> Check {
-    let Some(path) = which(&ctx.config.worker.opencode) else {
+    let Some(path) = find_program(&ctx.config.worker.opencode) else {
         return fail("probe: OpenCode not found", "see the OpenCode line above");
     };
     let dir = std::env::temp_dir().join(format!("taskbridge-probe-{}", std::process::id()));

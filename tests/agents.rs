@@ -670,3 +670,43 @@ fn an_opencode_agent_named_opencode_colon_agent_runs_the_task_in_both_modes() {
         assert!(!reqs[1].to_string().contains("Plan mode"), "{mode}: the default agent's");
     }
 }
+
+/// The README's way to give Codex tasks the network (`[sandbox_workspace_write] network_access =
+/// true` in its config) works, and a `--no-network` task has none even so.
+#[test]
+fn a_no_network_codex_task_has_no_network_even_when_codexs_config_allows_it() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let probe = format!(
+        "python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port}), 5)\" \
+         && echo reached > net.txt || echo blocked > net.txt"
+    );
+    let mock = MockOpenAi::spawn(vec![]);
+    for _ in 0..2 {
+        mock.push([Reply::Exec(probe.clone()), Reply::Text(result_block("Probed.", &[]))]);
+    }
+    let env = Env::new().with_codex(&mock);
+    let config = env.oc_home.join(".codex/config.toml");
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text.push_str("\n[sandbox_workspace_write]\nnetwork_access = true\n");
+    std::fs::write(&config, text).unwrap();
+    let open = env.submit(&["Probe the network", "--agent", "codex"]);
+    let closed = env.submit(&[
+        "Probe it again",
+        "--agent",
+        "codex",
+        "--no-network",
+        "--after",
+        &open.to_string(),
+    ]);
+    let _worker = env.start_worker(1);
+    let mut seen = Vec::new();
+    for id in [open, closed] {
+        let t = finished(&env, id);
+        assert_eq!(t["status"], "done", "{t:#}\n{}", env.log(id));
+        let branch = t["result"]["branch"].as_str().unwrap().to_owned();
+        seen.push(git_out(&env.repo, &["show", &format!("{branch}:net.txt")]));
+    }
+    assert_eq!(seen, ["reached", "blocked"], "{}\n{}", env.log(open), env.log(closed));
+    drop(listener);
+}

@@ -74,10 +74,7 @@ pub fn submit_batch(
     }
     let mut checked = std::collections::BTreeSet::new();
     // OpenCode's models are checked against its list; the other agents take their own names.
-    let opencode_models = reqs.iter().filter(|r| {
-        AgentSpec::parse(r.spec.agent.as_deref().unwrap_or("")).map(|a| a.kind)
-            == Ok(AgentKind::OpenCode)
-    });
+    let opencode_models = reqs.iter().filter(|r| kind_of(&r.spec) == AgentKind::OpenCode);
     for model in opencode_models.filter_map(|r| r.spec.model.as_deref()) {
         if checked.insert(model.to_owned())
             && let ModelCheck::Unverified(why) = check_model(store, opencode, model)?
@@ -118,16 +115,17 @@ pub fn submit_batch(
             }
         }
     }
-    let wanted: std::collections::BTreeSet<String> = specs
+    let wanted: std::collections::BTreeSet<&'static str> = specs
         .iter()
-        .filter_map(|s| s.agent.clone())
-        .filter(|a| AgentSpec::parse(a).is_ok_and(|a| a.kind != AgentKind::OpenCode))
+        .map(kind_of)
+        .filter(|k| *k != AgentKind::OpenCode)
+        .map(AgentKind::name)
         .collect();
     let tasks = store.submit_batch_budgeted(specs, shared)?;
     let workers = store.list_workers()?;
     let live: Vec<_> = workers.iter().filter(|w| !w.stopped && !w.stale).collect();
     for agent in wanted {
-        if !live.is_empty() && !live.iter().any(|w| w.agents.contains(&agent)) {
+        if !live.is_empty() && !live.iter().any(|w| w.agents.iter().any(|a| a == agent)) {
             warnings.push(format!(
                 "no running worker has the {agent} CLI, so the task will fail saying what to \
                  install: install it on a worker's host and restart that worker first \
@@ -159,11 +157,15 @@ fn check_agent(spec: &TaskSpec) -> Result<AgentSpec> {
     Ok(agent)
 }
 
+/// The agent of a spec [`check_agent`] has normalised.
+fn kind_of(spec: &TaskSpec) -> AgentKind {
+    AgentSpec::parse(spec.agent.as_deref().unwrap_or("")).map_or(AgentKind::OpenCode, |a| a.kind)
+}
+
 /// What `codex exec` cannot honour is refused before it is queued, rather than quietly not
 /// held: it always has a shell, and it cannot stop to ask for an approval.
 fn check_codex_rules(spec: &TaskSpec) -> Result<()> {
-    if AgentSpec::parse(spec.agent.as_deref().unwrap_or("")).map(|a| a.kind) != Ok(AgentKind::Codex)
-    {
+    if kind_of(spec) != AgentKind::Codex {
         return Ok(());
     }
     if spec.no_shell {
