@@ -745,13 +745,30 @@ impl Worker {
                 return Ok(Some(Outcome::FailedPermanently { error, result: None }));
             }
         };
-        let spare = match &earlier {
-            None => self.take_spare(&task.repo),
-            Some(_) => None,
+        // An OpenCode follow-up's first run goes in the directory its parent ran in when that is
+        // free: the parent's session lives there (see `followup_session` below). Claude Code and
+        // Codex take a session to any directory.
+        let opencode = crate::agent::AgentSpec::of(task).kind == AgentKind::OpenCode;
+        let parent_dir = match (task.parent, &earlier) {
+            (Some(parent), None) if first_run && opencode => self
+                .blocking(move |s| s.get(parent))
+                .await
+                .ok()
+                .and_then(|p| p.worktree.map(PathBuf::from))
+                .filter(|p| p.starts_with(&own)),
+            _ => None,
+        };
+        let at_parents =
+            parent_dir.clone().filter(|p| self.take_spare_at(&task.repo, p) || !p.exists());
+        let spare = match (&earlier, &at_parents) {
+            (None, None) => self.take_spare(&task.repo),
+            (None, Some(p)) if p.exists() => Some(p.clone()),
+            _ => None,
         };
         let dir = earlier
             .clone()
             .or_else(|| spare.clone())
+            .or_else(|| at_parents.clone())
             .unwrap_or_else(|| self.home.worktrees_dir().join(format!("task-{}", id.0)));
         let (repo, base, d) = (PathBuf::from(&task.repo), start.clone(), dir.clone());
         let known = task.branch.clone();
@@ -778,7 +795,9 @@ impl Worker {
         }
         let prepared = match prepared {
             Ok(p) => p,
-            Err(e) if e.permanent => {
+            // Another process may have taken the parent's directory since it was seen free:
+            // the next attempt goes elsewhere.
+            Err(e) if e.permanent && !(at_parents.is_some() && spare.is_none()) => {
                 let error = format!("could not prepare the worktree: {e}");
                 return Ok(Some(Outcome::FailedPermanently { error, result: None }));
             }
@@ -863,7 +882,15 @@ impl Worker {
         // context and the worktree keeps its work.
         // A follow-up's first run goes on in its parent's session, with the new request.
         let followup = resume.is_none() && first_run && task.parent.is_some();
-        let followup_session = task.session_id.clone().filter(|_| followup);
+        // OpenCode runs a session's tools in the directory the session was made in, whatever
+        // directory it is prompted from: the parent's session is continued only from the
+        // directory the parent ran in (`followup_dir`); from anywhere else the follow-up starts a
+        // new session (on the warm server, given the parent's conversation as text).
+        let in_parents_dir = parent_dir.as_deref() == Some(dir.as_path());
+        let followup_session = task
+            .session_id
+            .clone()
+            .filter(|_| followup && (serving || in_parents_dir || !native_opencode));
         if let Some(s) = &followup_session
             && !serving
         {
@@ -873,6 +900,14 @@ impl Worker {
             && (serving || !native_opencode)
             && task.session_id.is_some()
             && !followup;
+        // A follow-up whose parent's session is on no server here starts afresh with this.
+        let without_session = followup.then(|| {
+            format!(
+                "{PREAMBLE}\n# Task {}: {}\n\nThis follows up earlier work: the worktree holds \
+                 it, and this task's branch starts where it ended.\n\n{}{}",
+                id.0, task.title, task.prompt, notes
+            )
+        });
         let mut prompt = match &resume {
             Some(r) => {
                 args.extend(["--session".into(), r.session_id.clone()]);
@@ -884,6 +919,9 @@ impl Worker {
                 }
             }
             None if interrupted => format!("{}{notes}", crate::serve::INTERRUPTED),
+            None if followup && followup_session.is_none() => {
+                without_session.clone().unwrap_or_default()
+            }
             None if followup => format!(
                 "The planner has a follow-up on the work above. It is task {} (\"{}\"), on a new \
                  branch that starts from where that work ended; the worktree holds it.\n\n{}\n\n\
@@ -1024,12 +1062,14 @@ impl Worker {
                             .or_else(|| follow_session.clone())
                             .or_else(|| followup_session.clone())
                             .or_else(|| task.session_id.clone().filter(|_| interrupted)),
+                        without_session: without_session.clone(),
                         grants,
                     };
                     // The spend so far, on the task while it runs (earlier runs' usage included),
                     // checked against the task's budgets after every step.
                     let (store, prev) = (self.store.clone(), previous_usage(task));
-                    let session = turn.session.clone();
+                    // The session the run is in (a fork of the one asked for, it may be).
+                    let mut session = turn.session.clone();
                     // Only a task given a budget (its own or its batch's) can get one later.
                     let budgeted = task.budget.is_set() || task.budget_group.is_some();
                     let earlier_budget =
@@ -1037,6 +1077,7 @@ impl Worker {
                     let mut on_step = move |p: crate::serve::Progress<'_>| {
                         let u = match p {
                             crate::serve::Progress::Session(s) => {
+                                session = Some(s.to_owned());
                                 let facts = RunFacts {
                                     session_id: Some(s.to_owned()),
                                     ..Default::default()
@@ -1543,6 +1584,18 @@ impl Worker {
         // task is using.
         self.save_spares();
         Some(dir)
+    }
+
+    /// Takes this worker's spare worktree at `dir`, if it keeps one there.
+    fn take_spare_at(&self, repo: &str, dir: &Path) -> bool {
+        let taken = self.spares.lock().is_ok_and(|mut spares| {
+            let at = spares.iter().position(|s| s.repo == repo && s.dir == dir);
+            at.map(|i| spares.remove(i)).is_some()
+        });
+        if taken {
+            self.save_spares();
+        }
+        taken
     }
 
     /// Keeps a done task's worktree as a spare (at most one per slot and repository); false

@@ -157,7 +157,69 @@ pub struct Turn<'a> {
     pub model: Option<String>,
     /// The session to continue (a resume), or `None` for a new one.
     pub session: Option<String>,
+    /// The prompt to send instead when `session` is not in this server's database (made on
+    /// another host): one that stands without the conversation.
+    pub without_session: Option<String>,
     pub grants: Grants,
+}
+
+/// Where a session to continue was made, seen from the turn's directory.
+enum Located {
+    Here,
+    Elsewhere(String),
+    Missing,
+}
+
+/// Tool output beyond this many characters is cut in a transcript.
+const TRANSCRIPT_OUTPUT_CHARS: usize = 2_000;
+
+/// `GET /session/:id/message`'s answer as text a model reads: each message's text and tool
+/// calls (their input and output, cut), in order.
+fn render_transcript(messages: &Value) -> String {
+    let cut = |s: &str| -> String {
+        match s.char_indices().nth(TRANSCRIPT_OUTPUT_CHARS) {
+            Some((i, _)) => format!("{}… (cut)", &s[..i]),
+            None => s.to_owned(),
+        }
+    };
+    let mut out = String::new();
+    for m in messages.as_array().into_iter().flatten() {
+        let role = m.pointer("/info/role").and_then(Value::as_str).unwrap_or("?");
+        for part in m["parts"].as_array().into_iter().flatten() {
+            match part["type"].as_str() {
+                Some("text") if part["synthetic"] != true => {
+                    let text = part["text"].as_str().unwrap_or_default().trim();
+                    if !text.is_empty() {
+                        out.push_str(&format!("[{role}] {text}\n\n"));
+                    }
+                }
+                Some("tool") => {
+                    let tool = part["tool"].as_str().unwrap_or("tool");
+                    let input = part.pointer("/state/input").cloned().unwrap_or(Value::Null);
+                    let output = part
+                        .pointer("/state/output")
+                        .or_else(|| part.pointer("/state/error"))
+                        .and_then(Value::as_str)
+                        .unwrap_or_default();
+                    out.push_str(&format!("[tool {tool}] {input}\n{}\n\n", cut(output.trim())));
+                }
+                _ => {}
+            }
+        }
+    }
+    if out.is_empty() {
+        return out;
+    }
+    format!(
+        "The conversation so far, from the session of the work this continues (its tool calls \
+         ran in that task's worktree; this worktree holds their result):\n\n{out}---\n\n"
+    )
+}
+
+/// Whether two paths name the same directory (a worktree may be reached through a symlink).
+fn same_dir(a: &Path, b: &Path) -> bool {
+    let real = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    a == b || real(a) == real(b)
 }
 
 fn io_err(e: impl std::fmt::Display) -> std::io::Error {
@@ -533,20 +595,40 @@ impl ServeAgent {
         // Subscribe before prompting, so no event of the turn is missed.
         let mut events = self.subscribe(port, dir).await?;
         let session = match turn.session.clone() {
-            Some(s) => s,
-            None => {
-                let body = json!({
-                    "title": format!("taskbridge #{}: {}", turn.task.id.0, turn.task.title),
-                    "permission": permission_rules(turn.task),
-                });
-                let created: Value = self
-                    .post(&self.url(port, "/session", dir), &body)
-                    .await?
-                    .json()
-                    .await
-                    .map_err(io_err)?;
-                created["id"].as_str().ok_or_else(|| io_err("no session id"))?.to_owned()
-            }
+            Some(s) => match self.locate(port, dir, &s).await? {
+                Located::Here => s,
+                Located::Elsewhere(there) => {
+                    // A session runs its tools in the directory it was made in whatever the
+                    // request says, and its events go to that directory's subscribers: prompted
+                    // from here it would write into whatever lives there now (another task's
+                    // worktree). A new session here gets the conversation as text instead.
+                    let earlier = self.transcript(port, dir, &s).await;
+                    let fresh = self.create(port, &turn).await?;
+                    log.line(&format!(
+                        "session {s} belongs to {there}, which another task holds; going on in \
+                         a new session {fresh} here, given that conversation as text"
+                    ));
+                    if let (Delivery::Prompt(text), Some(alone)) =
+                        (&mut turn.delivery, turn.without_session.take())
+                    {
+                        *text = format!("{earlier}{alone}");
+                    }
+                    fresh
+                }
+                Located::Missing => {
+                    let fresh = self.create(port, &turn).await?;
+                    log.line(&format!(
+                        "session {s} is not in this host's OpenCode; starting {fresh} afresh"
+                    ));
+                    if let (Delivery::Prompt(text), Some(alone)) =
+                        (&mut turn.delivery, turn.without_session.take())
+                    {
+                        *text = alone;
+                    }
+                    fresh
+                }
+            },
+            None => self.create(port, &turn).await?,
         };
         log.line(&format!("OpenCode server on port {port}: session {session}"));
         on_progress(Progress::Session(&session));
@@ -690,6 +772,70 @@ impl ServeAgent {
             }
         }
         Ok(AgentExit { exit_code: Some(0), stopped, stderr_tail: String::new(), run, waiting })
+    }
+
+    /// A new session for the task, with its permission rules, in the turn's directory.
+    async fn create(&self, port: u16, turn: &Turn<'_>) -> std::io::Result<String> {
+        let body = json!({
+            "title": format!("taskbridge #{}: {}", turn.task.id.0, turn.task.title),
+            "permission": permission_rules(turn.task),
+        });
+        let created: Value = self
+            .post(&self.url(port, "/session", turn.dir), &body)
+            .await?
+            .json()
+            .await
+            .map_err(io_err)?;
+        created["id"].as_str().map(str::to_owned).ok_or_else(|| io_err("no session id"))
+    }
+
+    /// Where `session` was made: in `dir`, elsewhere, or not in this server's database at all
+    /// (it was made on another host, or OpenCode's data was removed).
+    async fn locate(&self, port: u16, dir: &Path, session: &str) -> std::io::Result<Located> {
+        let url = self.url(port, &format!("/session/{session}"), dir);
+        let resp = self
+            .http
+            .get(&url)
+            .basic_auth("opencode", Some(&self.password))
+            .send()
+            .await
+            .map_err(io_err)?;
+        if resp.status() == reqwest::StatusCode::NOT_FOUND {
+            return Ok(Located::Missing);
+        }
+        if !resp.status().is_success() {
+            let status = resp.status();
+            let text = resp.text().await.unwrap_or_default();
+            return Err(io_err(format!("OpenCode server answered {status} to {url}: {text}")));
+        }
+        let info: Value = resp.json().await.map_err(io_err)?;
+        let there = info["directory"].as_str().unwrap_or_default();
+        Ok(if same_dir(Path::new(there), dir) {
+            Located::Here
+        } else {
+            Located::Elsewhere(there.to_owned())
+        })
+    }
+
+    /// The conversation of `session` as text, for a new session to go on from (empty when it
+    /// cannot be read).
+    async fn transcript(&self, port: u16, dir: &Path, session: &str) -> String {
+        let url = self.url(port, &format!("/session/{session}/message"), dir);
+        let read = async {
+            let resp = self
+                .http
+                .get(&url)
+                .basic_auth("opencode", Some(&self.password))
+                .send()
+                .await
+                .ok()?;
+            resp.status().is_success().then_some(())?;
+            resp.json::<Value>().await.ok()
+        };
+        match tokio::time::timeout(Duration::from_secs(30), read).await {
+            Ok(Some(messages)) => render_transcript(&messages),
+            _ => String::new(),
+        }
     }
 
     async fn abort(&self, port: u16, session: &str, dir: &Path) {

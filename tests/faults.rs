@@ -1,0 +1,145 @@
+//! Faults found by trying TaskBridge as a new user and as a fault injector would, each driven
+//! the way it was found: the real binary, the real OpenCode (warm server unless said) against the
+//! loopback mock, real git repositories.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use support::mock_anthropic::{MockAnthropic, Turn};
+use support::*;
+
+const RUN: Duration = Duration::from_secs(120);
+
+fn result_block(summary: &str) -> Turn {
+    Turn::text(format!(
+        "Done.\n\n```taskbridge-result\n{}\n```",
+        json!({"summary": summary, "tests_run": [], "open_questions": []})
+    ))
+}
+
+fn files(t: &Value) -> Vec<String> {
+    t["result"]["files_touched"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no files in {t:#}"))
+        .iter()
+        .map(|f| f["path"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// Every directory under the home's `worktrees/`, spares included.
+fn worktree_dirs(env: &Env) -> Vec<PathBuf> {
+    let Ok(rd) = std::fs::read_dir(env.home.join("worktrees")) else { return Vec::new() };
+    rd.filter_map(|e| Some(e.ok()?.path())).filter(|p| p.is_dir()).collect()
+}
+
+/// What `git status` shows in `dir` (untracked files included), one path a line.
+fn dirt(dir: &Path) -> String {
+    git_out(dir, &["status", "--porcelain", "--untracked-files=all"])
+}
+
+/// The first request the mock got whose messages contain `needle`.
+fn request_with(mock: &MockAnthropic, needle: &str) -> String {
+    mock.requests()
+        .iter()
+        .map(|r| r["messages"].to_string())
+        .find(|m| m.contains(needle))
+        .unwrap_or_else(|| panic!("no request mentions {needle:?}"))
+}
+
+#[test]
+fn a_followup_after_a_worker_restart_runs_in_its_own_worktree_with_its_parents_conversation() {
+    let env = Env::new();
+    let mock = MockAnthropic::spawn(vec![
+        Turn::bash("echo v1 > feature.txt"),
+        result_block("Added the feature."),
+        Turn::bash("echo docs > docs.txt"),
+        result_block("Documented the feature."),
+    ]);
+    let env = env.with_mock(&mock);
+    let a = env.submit(&["Add the feature"]);
+    let mut worker = env.start_worker(1);
+    let ta = env.wait_status(a, "done", RUN);
+    worker.terminate();
+
+    let _worker = env.start_worker(1);
+    let b: i64 = env.ok(&["followup", &a.to_string(), "Now document it"]).trim().parse().unwrap();
+    let tb = env.wait_status(b, "done", RUN);
+    assert_eq!(files(&tb), ["docs.txt"], "its own work, in its own worktree: {}", env.log(b));
+    assert_eq!(tb["result"]["started_from"], ta["result"]["commit"]);
+    let branch = tb["branch"].as_str().unwrap();
+    assert_eq!(git_out(&env.repo, &["show", &format!("{branch}:docs.txt")]), "docs");
+    // The parent's conversation went on, in its own session: the follow-up ran where the
+    // parent's session lives, and its first request carries the parent's.
+    assert_eq!(tb["session_id"], ta["session_id"], "{}", env.log(b));
+    let first = request_with(&mock, "Now document it");
+    assert!(first.contains("echo v1 > feature.txt"), "the parent's tool call is in context");
+    for dir in worktree_dirs(&env) {
+        assert_eq!(dirt(&dir), "", "nothing stray in {}", dir.display());
+    }
+}
+
+#[test]
+fn a_followup_whose_parents_directory_other_tasks_reused_writes_only_into_its_own_worktree() {
+    let env = Env::new();
+    let mut script = vec![Turn::bash("echo v1 > feature.txt"), result_block("Added the feature.")];
+    for n in 1..=3 {
+        script.push(Turn::bash(&format!("echo {n} > other{n}.txt")));
+        script.push(result_block("Another change."));
+    }
+    script.extend([
+        Turn::bash("echo docs > docs.txt"),
+        result_block("Documented the feature."),
+        Turn::bash("echo more >> docs.txt"),
+        result_block("Extended the docs."),
+    ]);
+    let mock = MockAnthropic::spawn(script);
+    // A task that holds the parent's old directory while the follow-up runs.
+    let held = Turn::Slow { after_ms: 20_000, turn: Box::new(result_block("Held it.")) };
+    mock.answer_when("Hold the directory", held);
+    let env = env.with_mock(&mock);
+    let _worker = env.start_worker(2);
+    let a = env.submit(&["Add the feature"]);
+    let ta = env.wait_status(a, "done", RUN);
+    // One at a time, so each takes the spare directory the one before left.
+    for n in 1..=3 {
+        let id = env.submit(&[&format!("Another change {n}")]);
+        let t = env.wait_status(id, "done", RUN);
+        assert_eq!(files(&t), [format!("other{n}.txt")]);
+    }
+    let x = env.submit(&["Hold the directory"]);
+    assert!(
+        eventually(RUN, || mock.requests().iter().any(|r| r.to_string().contains("Hold the dir"))),
+        "the holding task never reached the model"
+    );
+    let b: i64 = env.ok(&["followup", &a.to_string(), "Now document it"]).trim().parse().unwrap();
+    let tb = env.wait_status(b, "done", RUN);
+    // A follow-up of the follow-up: the chain goes on.
+    let c: i64 =
+        env.ok(&["followup", &b.to_string(), "Say more in the docs"]).trim().parse().unwrap();
+    let tc = env.wait_status(c, "done", RUN);
+    let tx = env.wait_status(x, "done", RUN);
+
+    assert_eq!(files(&tb), ["docs.txt"], "{}", env.log(b));
+    assert!(env.log(b).contains("given that conversation as text"), "{}", env.log(b));
+    assert_eq!(tb["result"]["started_from"], ta["result"]["commit"]);
+    assert_eq!(files(&tc), ["docs.txt"], "{}", env.log(c));
+    assert_eq!(tc["result"]["started_from"], tb["result"]["commit"]);
+    let branch = tc["branch"].as_str().unwrap();
+    assert_eq!(git_out(&env.repo, &["show", &format!("{branch}:docs.txt")]), "docs\nmore");
+    assert!(request_with(&mock, "Now document it").contains("echo v1 > feature.txt"));
+    let of_c = request_with(&mock, "Say more in the docs");
+    assert!(of_c.contains("echo docs > docs.txt") && of_c.contains("echo v1 > feature.txt"));
+    // Nothing of the follow-ups landed in the task that held the parent's directory.
+    assert_eq!(tx["result"]["no_changes"], true, "{tx:#}\n{}", env.log(x));
+    for dir in worktree_dirs(&env) {
+        assert_eq!(dirt(&dir), "", "nothing stray in {}", dir.display());
+    }
+    for t in [a + 1, a + 2, a + 3] {
+        let branch = env.show(t)["branch"].as_str().unwrap().to_owned();
+        let changed = git_out(&env.repo, &["diff", "--name-only", "main", &branch]);
+        assert!(!changed.contains("docs"), "task {t}'s branch: {changed}");
+    }
+}
