@@ -143,3 +143,28 @@ fn a_followup_whose_parents_directory_other_tasks_reused_writes_only_into_its_ow
         assert!(!changed.contains("docs"), "task {t}'s branch: {changed}");
     }
 }
+
+#[test]
+fn a_worktree_removed_under_the_agent_fails_the_attempt_and_the_retry_does_the_work_again() {
+    let env = Env::new();
+    let mock = MockAnthropic::spawn(vec![
+        Turn::bash("sleep 4; echo first > first.txt"),
+        result_block("Wrote it."),
+        Turn::bash("echo again > again.txt"),
+        result_block("Wrote it again."),
+    ]);
+    let env = env.with_mock(&mock);
+    let id = env.submit(&["Write a file"]);
+    let _worker = env.start_worker(1);
+    let wt = env.worktree(id);
+    assert!(eventually(RUN, || mock.requests().len() >= 1 && wt.exists()), "never started");
+    std::fs::remove_dir_all(&wt).unwrap();
+    let t = env.wait_task(id, RUN, |t| t["status"] == "done" || t["status"] == "failed");
+    let log = env.log(id);
+    assert!(log.contains(&format!("the worktree {} disappeared", wt.display())), "{log}");
+    assert!(log.contains("the work in it is lost"), "{log}");
+    assert_eq!(t["status"], "done", "the retry did the work: {t:#}\n{log}");
+    assert_eq!(t["attempts"], 2);
+    assert_eq!(files(&t), ["again.txt"], "{t:#}");
+    assert_eq!(t["result"]["no_changes"], false);
+}

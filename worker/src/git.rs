@@ -415,6 +415,12 @@ fn only_base_files(dir: &Path, tree: &git2::Tree<'_>) -> bool {
     true
 }
 
+/// Whether `dir` is still a git checkout (a linked worktree's `.git` is a file naming its admin
+/// directory, which must still be there too).
+pub fn is_worktree(dir: &Path) -> bool {
+    Repository::open(dir).is_ok()
+}
+
 /// Creates (or reuses, on a retry or resume) the task's worktree at `dir` on branch
 /// `taskbridge/task-<id>`, starting from `base`, and first repairs what a crash can leave: a
 /// registration whose directory is missing or has no `.git`, a directory without a

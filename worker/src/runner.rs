@@ -1392,6 +1392,21 @@ impl Worker {
             }
             break 'agent res;
         };
+        // A worktree removed under the agent (by hand, a clean-up script) took the work with it:
+        // committing "nothing" would report lost work as done.
+        if !git::is_worktree(&dir) {
+            let error = format!(
+                "the worktree {} disappeared while the agent ran (removed from outside TaskBridge); \
+                 the work in it is lost, so another attempt starts again from the task's start",
+                dir.display()
+            );
+            log.line(&error);
+            return Ok(Some(Outcome::Failed {
+                error,
+                result: Some(to_json(&res)),
+                backoff_s: self.backoff(task.attempts),
+            }));
+        }
         if task.readonly {
             let d = dir.clone();
             res.reverted_files = tokio::task::spawn_blocking(move || git::revert_all(&d))
