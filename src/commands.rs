@@ -120,7 +120,13 @@ pub fn run(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode> {
         }
         Command::Answer { id, text } => {
             let t = store.answer(TaskId(id), &read_arg(&text, "answer")?, "cli")?;
-            outln!("task {id}: answered; {} to resume its session", t.display_status);
+            if t.status.is_terminal() {
+                // `stop` on a budget: what was asked for, not a failure to go on.
+                let why = t.error.as_deref().unwrap_or_default();
+                outln!("task {id}: stopped: the task {} as asked ({why})", t.status);
+            } else {
+                outln!("task {id}: answered; {} to resume its session", t.display_status);
+            }
         }
         Command::Priority { id, priority } => {
             let t = store.set_priority(TaskId(id), priority)?;
@@ -157,11 +163,14 @@ pub fn run(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode> {
                     st.default_model.as_deref().unwrap_or("(OpenCode's own)")
                 );
                 let spend = &st.spend_today;
-                let by: Vec<String> =
-                    spend.cost_usd_by_status.iter().map(|(s, c)| format!("{s} ${c:.2}")).collect();
+                let by: Vec<String> = spend
+                    .cost_usd_by_status
+                    .iter()
+                    .map(|(s, c)| format!("{s} {}", queue::usd(*c)))
+                    .collect();
                 outln!(
-                    "spent today: ${:.2}, {} tokens{}",
-                    spend.cost_usd,
+                    "spent today: {}, {} tokens{}",
+                    queue::usd(spend.cost_usd),
                     spend.tokens,
                     if by.is_empty() { String::new() } else { format!(" ({})", by.join(", ")) }
                 );
@@ -446,7 +455,7 @@ fn print_task(t: &Task) {
         outln!("  asks:      {}", t.ask_rules.join(", "));
     }
     if let Some(c) = t.budget.max_cost_usd {
-        outln!("  budget:    ${c:.2}");
+        outln!("  budget:    {}", queue::usd(c));
     }
     if let Some(n) = t.budget.max_tokens {
         outln!("  budget:    {n} tokens");
@@ -547,8 +556,7 @@ fn print_task(t: &Task) {
             outln!("  open:      {q}");
         }
         let u = &r.usage;
-        let cost =
-            if r.cost_known() { format!("${:.4}", u.cost_usd) } else { "cost not reported".into() };
+        let cost = if r.cost_known() { queue::usd(u.cost_usd) } else { "cost not reported".into() };
         outln!(
             "  usage:     {} in, {} out, {} cache read, {} cache write, {cost}",
             u.input_tokens,

@@ -168,3 +168,12 @@ fn a_worktree_removed_under_the_agent_fails_the_attempt_and_the_retry_does_the_w
     assert_eq!(files(&t), ["again.txt"], "{t:#}");
     assert_eq!(t["result"]["no_changes"], false);
 }
+
+#[test]
+fn a_small_cost_budget_shows_its_significant_digits() {
+    let env = Env::new();
+    let id = env.submit(&["Cheap work", "--max-cost-usd", "0.003"]);
+    let shown = env.ok(&["show", &id.to_string()]);
+    assert!(shown.contains("budget:    $0.003\n"), "{shown}");
+    assert!(!shown.contains("$0.00\n"), "{shown}");
+}

@@ -277,7 +277,9 @@ fn a_budget_stop_fails_the_task_naming_the_budget_and_leaves_nothing_running() {
     let _worker = serve_worker(&env);
     env.wait_status(id, "waiting", RUN);
     let before = mock.requests().len();
-    env.ok(&["answer", &id.to_string(), "stop"]);
+    let said = env.ok(&["answer", &id.to_string(), "stop"]);
+    assert!(said.starts_with(&format!("task {id}: stopped: the task failed as asked")), "{said}");
+    assert!(!said.contains("resume"), "{said}");
     let t = env.wait_status(id, "failed", RUN);
     let error = t["error"].as_str().unwrap();
     assert!(error.contains("task budget") && error.contains("of 150 tokens"), "{error}");

@@ -438,9 +438,11 @@ impl Ask {
             }
             AskKind::Budget => match &self.budget {
                 Some(b) if b.limit == "cost" => format!(
-                    "spent ${:.2} of ${:.2} ({} budget); answer continue, continue <new limit \
+                    "spent {} of {} ({} budget); answer continue, continue <new limit \
                      in USD>, or stop",
-                    b.spent, b.max, b.scope
+                    usd(b.spent),
+                    usd(b.max),
+                    b.scope
                 ),
                 Some(b) => format!(
                     "used {} of {} tokens ({} budget); answer continue, continue <new limit>, \
@@ -850,9 +852,40 @@ pub struct ListFilter {
     pub offset: usize,
 }
 
+/// An amount in US dollars as people read small spends: cents for a dollar or more, else two
+/// significant digits (`$0.0031`, not `$0.00`), never fewer than two decimals.
+pub fn usd(amount: f64) -> String {
+    if !amount.is_finite() || amount == 0.0 {
+        return "$0.00".into();
+    }
+    let magnitude = amount.abs().log10().floor() as i32;
+    let decimals = (1 - magnitude).clamp(2, 8) as usize;
+    let mut s = format!("{amount:.decimals$}");
+    while decimals > 2 && s.ends_with('0') && s.len() - s.find('.').unwrap_or(0) > 3 {
+        s.pop();
+    }
+    match s.strip_prefix('-') {
+        Some(rest) => format!("-${rest}"),
+        None => format!("${s}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn small_spends_show_their_significant_digits() {
+        let shown: Vec<String> =
+            [0.0, 0.0031, 0.003, 0.00314159, 0.03, 0.5, 1.0, 12.345, -0.0042].map(usd).into();
+        assert_eq!(
+            shown,
+            [
+                "$0.00", "$0.0031", "$0.003", "$0.0031", "$0.03", "$0.50", "$1.00", "$12.35",
+                "-$0.0042"
+            ]
+        );
+    }
 
     #[test]
     fn only_retry_leaves_a_terminal_state() {

@@ -1127,7 +1127,7 @@ impl Store {
             {
                 if *p == Answer::BudgetStop {
                     let spent = match b.limit.as_str() {
-                        "cost" => format!("${:.2} of ${:.2}", b.spent, b.max),
+                        "cost" => format!("{} of {}", crate::usd(b.spent), crate::usd(b.max)),
                         _ => format!("{} of {} tokens", b.spent, b.max),
                     };
                     let msg = format!(

@@ -331,7 +331,7 @@ pub fn plan_lines(store: &Store, id: TaskId) -> Vec<String> {
             .result
             .as_ref()
             .and_then(|r| r.pointer("/usage/cost_usd").and_then(serde_json::Value::as_f64))
-            .map(|c| format!("  ${c:.2}"))
+            .map(|c| format!("  {}", queue::usd(c)))
             .unwrap_or_default();
         let merged =
             task.merged_into.as_deref().map(|b| format!("  merged into {b}")).unwrap_or_default();

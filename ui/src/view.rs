@@ -454,7 +454,7 @@ fn draw_detail(m: &Model, f: &mut Frame, area: Rect) {
         let u = &r.usage;
         section(&mut lines, "Usage");
         let cost = if r.cost_known() {
-            format!("${:.4}", u.cost_usd)
+            queue::usd(u.cost_usd)
         } else {
             "cost not reported by the agent".into()
         };
