@@ -157,7 +157,7 @@ fn a_worktree_removed_under_the_agent_fails_the_attempt_and_the_retry_does_the_w
     let id = env.submit(&["Write a file"]);
     let _worker = env.start_worker(1);
     let wt = env.worktree(id);
-    assert!(eventually(RUN, || mock.requests().len() >= 1 && wt.exists()), "never started");
+    assert!(eventually(RUN, || !mock.requests().is_empty() && wt.exists()), "never started");
     std::fs::remove_dir_all(&wt).unwrap();
     let t = env.wait_task(id, RUN, |t| t["status"] == "done" || t["status"] == "failed");
     let log = env.log(id);
