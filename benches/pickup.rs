@@ -74,12 +74,14 @@ fn main() {
     let _ = rt.block_on(handle);
     report("in_process", lat);
 
-    recovery(dir.path(), if full { 20 } else { 3 });
+    recovery(dir.path(), if full { 20 } else { 3 }, false);
+    recovery(dir.path(), if full { 20 } else { 3 }, true);
 }
 
 /// kill -9 of `taskbridge serve` while its agent runs, then a new `serve`: the time from the new
-/// server's start until the orphaned agent is dead and the task has left the dead worker.
-fn recovery(dir: &Path, n: usize) {
+/// server's start until the orphaned agent is dead and the task has left the dead worker. With
+/// `peer`, a second `serve` on the same home is running all along, and the time is from the kill.
+fn recovery(dir: &Path, n: usize, peer: bool) {
     let pgid_file = dir.join("agent.pgid");
     let agent = dir.join("sleepy-agent.sh");
     std::fs::write(
@@ -123,14 +125,16 @@ exec sleep 600
     let mut lat = Vec::with_capacity(n);
     for i in 0..n {
         // A repository and a home per round: task ids (and so branch names) start again at 1.
-        let repo = &common::repo(dir, &format!("recovery-repo-{i}"));
-        let home = queue::Home::resolve(Some(dir.join(format!("recovery-{i}")))).unwrap();
+        let tag = if peer { "peer" } else { "restart" };
+        let repo = &common::repo(dir, &format!("recovery-{tag}-repo-{i}"));
+        let home = queue::Home::resolve(Some(dir.join(format!("recovery-{tag}-{i}")))).unwrap();
         home.ensure().unwrap();
         let store = queue::Store::open(home.db_path()).unwrap();
         let _ = std::fs::remove_file(&pgid_file);
         let req = worker::SubmitRequest::new("sleep", repo);
         let (task, _, _) = worker::submit(&store, repo, Path::new("opencode"), req).unwrap();
         let mut first = serve(home.root());
+        let mut other = peer.then(|| serve(home.root()));
         let deadline = Instant::now() + Duration::from_secs(30);
         let pgid: i32 = loop {
             if let Some(p) =
@@ -147,10 +151,17 @@ exec sleep 600
             std::thread::sleep(Duration::from_millis(5));
         };
         let dead_worker = store.get(task.id).unwrap().worker;
+        // With a peer, the one that claimed the task is killed; its pid is in its worker id.
+        let owner_pid = dead_worker.as_deref().and_then(|w| w.split(':').nth(1)?.parse().ok());
+        if let Some(o) = other.as_mut()
+            && Some(o.id()) == owner_pid
+        {
+            std::mem::swap(&mut first, o);
+        }
         first.kill().unwrap();
         first.wait().unwrap();
         let t0 = Instant::now();
-        let mut second = serve(home.root());
+        let mut second = other.unwrap_or_else(|| serve(home.root()));
         loop {
             let moved = store.get(task.id).unwrap().worker != dead_worker;
             if moved && !alive(pgid) {
@@ -174,7 +185,8 @@ exec sleep 600
     }
     lat.sort_by(f64::total_cmp);
     println!(
-        "bench=worker.recovery.serve_kill9 n={} p50_ms={:.1} max_ms={:.1}",
+        "bench=worker.recovery.{} n={} p50_ms={:.1} max_ms={:.1}",
+        if peer { "peer_kill9" } else { "serve_kill9" },
         lat.len(),
         lat[lat.len() / 2],
         lat[lat.len() - 1]

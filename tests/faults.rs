@@ -177,3 +177,48 @@ fn a_small_cost_budget_shows_its_significant_digits() {
     assert!(shown.contains("budget:    $0.003\n"), "{shown}");
     assert!(!shown.contains("$0.00\n"), "{shown}");
 }
+
+#[test]
+fn a_live_peer_kills_a_sigkilled_workers_agent_before_its_task_runs_again() {
+    let env = Env::new();
+    let mock = MockAnthropic::spawn(vec![sleeper("pgid.txt"), result_block("Ran again.")]);
+    let env = env.with_mock(&mock);
+    let workers = [env.start_worker(1), env.start_worker(1)];
+    let id = env.submit(&["Sleep a long time"]);
+    let pgid = read_pgid(&env.worktree(id).join("pgid.txt"));
+    let t = env.show(id);
+    let owner = t["worker"].as_str().unwrap().to_owned();
+    let pid: u32 = owner.split(':').nth(1).unwrap().parse().unwrap();
+    let server_file = env.home.join("servers").join(format!("{}.json", owner.replace(':', "_")));
+    let server: Value =
+        serde_json::from_str(&std::fs::read_to_string(&server_file).unwrap()).unwrap();
+    let server = server["pid"].as_i64().unwrap() as i32;
+    let [a, b] = workers;
+    let (mut victim, _survivor) = if a.pid() == pid { (a, b) } else { (b, a) };
+    assert_eq!(victim.pid(), pid);
+
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    victim.0.wait().unwrap();
+    // Never two runs of the task's commands at once: while the dead worker's command lives, the
+    // task has not started again.
+    let done = eventually(RUN, || {
+        let t = env.show(id);
+        if t["attempts"].as_i64().unwrap() > 1 || t["worker"] != owner.as_str() {
+            assert!(
+                !group_alive(pgid),
+                "the task runs again while the dead worker's command lives"
+            );
+        }
+        t["status"] == "done"
+    });
+    assert!(done, "{:#}\n{}", env.show(id), env.log(id));
+    assert!(!group_alive(pgid), "the dead worker's command was killed");
+    assert!(!pid_alive(server), "the dead worker's OpenCode server was killed");
+    let t = env.show(id);
+    assert_ne!(t["worker"], owner.as_str(), "the live peer ran it");
+    assert_eq!(t["result"]["summary"], "Ran again.");
+}

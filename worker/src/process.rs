@@ -56,8 +56,18 @@ pub fn process_start_time(pid: i64) -> Option<String> {
 }
 
 pub fn pid_alive(pid: i64) -> bool {
-    let Ok(pid) = i32::try_from(pid) else { return false };
-    nix::sys::signal::kill(Pid::from_raw(pid), None).is_ok()
+    let Ok(p) = i32::try_from(pid) else { return false };
+    if nix::sys::signal::kill(Pid::from_raw(p), None).is_err() {
+        return false;
+    }
+    // A zombie is dead, only not yet reaped by its parent (a supervisor that is slow to wait).
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !matches!(
+            stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next()),
+            Some('Z' | 'X')
+        ),
+        Err(_) => true,
+    }
 }
 
 /// Kills the orphaned agent `pid` and everything it started, if that process is the one that

@@ -387,13 +387,21 @@ impl Worker {
         }
     }
 
-    /// Worker heartbeats and the lease sweeper, every few seconds.
+    /// Dead workers on this host, every second (a pid that is gone needs no lease to expire:
+    /// its server and what that started are killed, then its tasks run again); heartbeats and
+    /// the lease sweeper every few seconds.
     async fn housekeeping(self: Arc<Self>, shutdown: CancellationToken) {
-        let mut tick = tokio::time::interval(Duration::from_secs(5));
-        loop {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        for n in 0u64.. {
             tokio::select! {
                 _ = tick.tick() => {}
                 _ = shutdown.cancelled() => return,
+            }
+            if self.dead_local_peers().await {
+                self.recover_dead_local_workers().await;
+            }
+            if n % 5 != 0 {
+                continue;
             }
             let id = self.id.clone();
             if let Err(e) = self.blocking(move |s| s.worker_heartbeat(&id)).await {
@@ -465,6 +473,14 @@ impl Worker {
             .await
             .unwrap_or_default();
         server.sweep_parked(|id| live.contains(&id)).await;
+    }
+
+    /// Whether a worker registered on this host as running has no process any more.
+    async fn dead_local_peers(&self) -> bool {
+        let Ok(workers) = self.blocking(|s| s.list_workers()).await else { return false };
+        workers.iter().any(|w| {
+            !w.stopped && w.host == self.host && w.id != self.id && !process::pid_alive(w.pid)
+        })
     }
 
     /// A worker process on this host that died (kill -9, crash) leaves running tasks behind;
