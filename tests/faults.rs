@@ -222,3 +222,72 @@ fn a_live_peer_kills_a_sigkilled_workers_agent_before_its_task_runs_again() {
     assert_ne!(t["worker"], owner.as_str(), "the live peer ran it");
     assert_eq!(t["result"]["summary"], "Ran again.");
 }
+
+/// What the finished task's usage says against every turn the mock answered but `unreported`
+/// (the mock's turn n sends 100 + n input, 20 + n output, 40 + n cache-read and 30 + n
+/// cache-write tokens).
+fn assert_spend_counted(mock: &MockAnthropic, t: &Value, unreported: u64, log: &str) {
+    let sent = mock.sent_usage();
+    let u = &t["result"]["usage"];
+    let got = |k: &str| u[k].as_u64().unwrap();
+    assert_eq!(
+        got("cache_read_tokens"),
+        sent.cache_read - (40 + unreported),
+        "{u:#} vs {sent:?}\n{log}"
+    );
+    assert_eq!(got("cache_write_tokens"), sent.cache_write - (30 + unreported), "{u:#}");
+    assert_eq!(got("output_tokens") + got("reasoning_tokens"), sent.output - (20 + unreported));
+}
+
+fn spend_across_an_interruption(mode: &str, kill: bool) {
+    let env = Env::new();
+    let mock = MockAnthropic::spawn(vec![
+        Turn::bash("echo a > a.txt"),
+        sleeper("pgid.txt"),
+        result_block("Finished after the interruption."),
+    ]);
+    let env = env.with_mock(&mock);
+    let id = env.submit(&["Spend across an interruption"]);
+    let mut worker = env.start_worker_with(1, &["--opencode", mode]);
+    let pgid = read_pgid(&env.worktree(id).join("pgid.txt"));
+    if kill {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(worker.pid() as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        worker.0.wait().unwrap();
+        let _ = nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(pgid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    } else {
+        worker.terminate();
+    }
+    let _worker = env.start_worker_with(1, &["--opencode", mode]);
+    let t = env.wait_status(id, "done", RUN);
+    assert_eq!(mock.requests().len(), 3, "{}", env.log(id));
+    // The step cut short mid-tool-call (turn 2) was never reported by the agent: the provider
+    // billed it, but no agent says how much. Every step reported before and after counts.
+    assert_spend_counted(&mock, &t, 2, &env.log(id));
+}
+
+#[test]
+fn spend_before_a_ctrl_c_counts_on_the_warm_server() {
+    spend_across_an_interruption("serve", false);
+}
+
+#[test]
+fn spend_before_a_kill_9_counts_on_the_warm_server() {
+    spend_across_an_interruption("serve", true);
+}
+
+#[test]
+fn spend_before_a_ctrl_c_counts_in_run_mode() {
+    spend_across_an_interruption("run", false);
+}
+
+#[test]
+fn spend_before_a_kill_9_counts_in_run_mode() {
+    spend_across_an_interruption("run", true);
+}

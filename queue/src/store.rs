@@ -878,7 +878,7 @@ impl Store {
                     // delivers it; that attempt is counted here, since a resuming claim does
                     // not count one.
                     tx.exec(
-                        "UPDATE tasks SET status = 'queued', result = ?1, error = ?2,
+                        "UPDATE tasks SET status = 'queued', result = coalesce(?1, result), error = ?2,
                            worker = NULL, not_before = ?3 + ?4, updated_at = ?3,
                            attempts = attempts + CASE WHEN pending_answer IS NULL THEN 0 ELSE 1 END,
                            lease_until = NULL, cancel_requested = 0, agent_pid = NULL,

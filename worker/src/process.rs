@@ -258,7 +258,9 @@ impl Dialect for OpenCodeRun {
 /// answers), and reads its events until it exits or `stop` says otherwise. A request the agent
 /// makes over its control channel goes to `decide`: answered on stdin, or, when it must wait for
 /// a person or the planner, the run stops there with the decision in [`AgentExit::waiting`].
-/// `on_spawn` gets the pid and start time so an orphan can be found after a crash.
+/// `on_spawn` gets the pid and start time so an orphan can be found after a crash; `on_step` the
+/// run so far after each step the agent reports (its spend, kept should the run be cut short).
+#[allow(clippy::too_many_arguments)]
 pub async fn run_agent(
     cmd: AgentCommand,
     dialect: &mut dyn Dialect,
@@ -267,6 +269,7 @@ pub async fn run_agent(
     mut stop: watch::Receiver<Option<StopReason>>,
     deadline: tokio::time::Instant,
     on_spawn: impl FnOnce(i64, Option<String>),
+    on_step: &mut (dyn FnMut(&RunLog) + Send),
 ) -> std::io::Result<AgentExit> {
     let mut child = Command::new(&cmd.program)
         .args(&cmd.args)
@@ -354,8 +357,12 @@ pub async fn run_agent(
                             if let AgentEvent::Error(e) = &ev {
                                 fatal |= dialect.is_fatal(e);
                             }
+                            let steps = run.usage.steps;
                             if let Some(text) = run.apply(ev) {
                                 log.line(&text);
+                            }
+                            if run.usage.steps != steps {
+                                on_step(&run);
                             }
                             if close {
                                 input = None;

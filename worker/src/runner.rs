@@ -195,6 +195,8 @@ struct CliTurn<'a> {
     session: Option<&'a str>,
     grants: crate::serve::Grants,
     deadline: tokio::time::Instant,
+    /// What the task had spent before this run (earlier runs, earlier rounds of this one).
+    spent: Usage,
 }
 
 /// A spare worktree: clean, detached, ready to be put on the next task's branch.
@@ -1014,6 +1016,11 @@ impl Worker {
                         session: session.as_deref(),
                         grants,
                         deadline,
+                        spent: {
+                            let mut u = previous_usage(task);
+                            u.add(&carried);
+                            u
+                        },
                     };
                     match self.run_cli(run, log, stop.clone()).await {
                         Ok(exit) => break exit,
@@ -1188,6 +1195,9 @@ impl Worker {
                     }
                 };
                 let mut never = |_: &queue::Ask, _: &serde_json::Value| process::Decision::Wait;
+                let mut spent = previous_usage(task);
+                spent.add(&carried);
+                let mut on_step = self.spend_recorder(id, token, spent);
                 let exit = match process::run_agent(
                     cmd,
                     &mut process::OpenCodeRun,
@@ -1196,6 +1206,7 @@ impl Worker {
                     stop.clone(),
                     deadline,
                     on_spawn,
+                    &mut on_step,
                 )
                 .await
                 {
@@ -1484,7 +1495,8 @@ impl Worker {
         log: &mut TaskLog,
         stop: watch::Receiver<Option<StopReason>>,
     ) -> std::result::Result<process::AgentExit, Outcome> {
-        let CliTurn { kind, task, token, dir, prompt, model, session, mut grants, deadline } = turn;
+        let CliTurn { kind, task, token, dir, prompt, model, session, mut grants, deadline, spent } =
+            turn;
         let program = self.program(kind).to_path_buf();
         if let Some(missing) = kind.missing(&program) {
             return Err(Outcome::FailedPermanently { error: missing, result: None });
@@ -1528,9 +1540,18 @@ impl Worker {
             // The agent's own question: the planner or a person answers it.
             _ => process::Decision::Wait,
         };
-        let exit =
-            process::run_agent(cmd, dialect.as_mut(), &mut decide, log, stop, deadline, on_spawn)
-                .await;
+        let mut on_step = self.spend_recorder(id, token, spent);
+        let exit = process::run_agent(
+            cmd,
+            dialect.as_mut(),
+            &mut decide,
+            log,
+            stop,
+            deadline,
+            on_spawn,
+            &mut on_step,
+        )
+        .await;
         exit.map_err(|e| {
             let error = format!("could not start '{}': {e}", self.program(kind).display());
             Outcome::FailedPermanently { error, result: None }
@@ -1600,6 +1621,28 @@ impl Worker {
                     name(c.with),
                     c.paths.join(", ")
                 )))
+            }
+        }
+    }
+
+    /// Records the spend so far on the task after each step of a CLI agent (`spent` before this
+    /// run, plus the run's own), so a run cut short by Ctrl-C or kill -9 loses none of what the
+    /// agent reported.
+    fn spend_recorder(
+        &self,
+        id: TaskId,
+        token: i64,
+        spent: Usage,
+    ) -> impl FnMut(&crate::events::RunLog) + Send + 'static {
+        let store = self.store.clone();
+        move |run| {
+            let mut usage = spent.clone();
+            usage.add(&run.usage);
+            let partial =
+                TaskResult { usage, session_id: run.session_id.clone(), ..Default::default() };
+            let facts = RunFacts { result: Some(to_json(&partial)), ..Default::default() };
+            if let Err(e) = store.record_run(id, token, facts) {
+                tracing::debug!(task = %id, error = %e, "recording the spend failed");
             }
         }
     }
