@@ -115,8 +115,16 @@ pub fn run(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode> {
             outln!("task {id}: {}", t.display_status);
         }
         Command::Note { id, text } => {
-            store.add_note(TaskId(id), &read_arg(&text, "note")?)?;
-            outln!("task {id}: note added");
+            let t = store.add_note(TaskId(id), &read_arg(&text, "note")?)?;
+            let when = match t.status {
+                TaskStatus::Queued => "with its prompt",
+                TaskStatus::Waiting => "with the answer",
+                _ => {
+                    "at its next step on OpenCode's warm server, else at its next turn; if the \
+                      task ends first, `show` says it was not delivered"
+                }
+            };
+            outln!("task {id}: note added; the agent gets it {when}");
         }
         Command::Answer { id, text } => {
             let t = store.answer(TaskId(id), &read_arg(&text, "answer")?, "cli")?;
@@ -532,7 +540,7 @@ fn print_task(t: &Task) {
         }
     }
     for n in &t.notes {
-        outln!("  note: {}{}", n.note, if n.delivered { "" } else { " (not yet delivered)" });
+        outln!("  note: {}{}", n.note, n.marker());
     }
     if let Some(e) = &t.error {
         outln!("  error:     {e}");

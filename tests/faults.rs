@@ -291,3 +291,45 @@ fn spend_before_a_ctrl_c_counts_in_run_mode() {
 fn spend_before_a_kill_9_counts_in_run_mode() {
     spend_across_an_interruption("run", true);
 }
+
+#[test]
+fn a_note_to_a_running_task_reaches_the_agent_at_its_next_step_on_the_warm_server() {
+    let env = Env::new();
+    let mock = MockAnthropic::spawn(vec![
+        Turn::bash("sleep 4; echo a > a.txt"),
+        result_block("Done, with the note in mind."),
+    ]);
+    let env = env.with_mock(&mock);
+    let id = env.submit(&["Work a while"]);
+    let _worker = env.start_worker(1);
+    assert!(eventually(RUN, || !mock.requests().is_empty()), "never started");
+    let said = env.ok(&["add-note", &id.to_string(), "Use tabs, not spaces"]);
+    assert!(said.contains("note added; the agent gets it at its next step"), "{said}");
+    let t = env.wait_status(id, "done", RUN);
+    let later = request_with(&mock, "Use tabs, not spaces");
+    assert!(later.contains("echo a > a.txt"), "given after the step that was running: {later}");
+    assert_eq!(t["notes"][0]["delivered"], true, "{t:#}");
+    let shown = env.ok(&["show", &id.to_string()]);
+    assert!(shown.contains("note: Use tabs, not spaces\n"), "{shown}");
+}
+
+#[test]
+fn a_note_the_agent_never_got_because_its_task_ended_first_says_so() {
+    let env = Env::new();
+    let mock = MockAnthropic::spawn(vec![
+        Turn::bash("sleep 4; echo a > a.txt"),
+        result_block("Done before any note."),
+    ]);
+    let env = env.with_mock(&mock);
+    let id = env.submit(&["Work a while"]);
+    // `opencode run` takes no prompt mid-turn: the note waits for a next turn that never comes.
+    let _worker = env.start_worker_with(1, &["--opencode", "run"]);
+    assert!(eventually(RUN, || !mock.requests().is_empty()), "never started");
+    env.ok(&["add-note", &id.to_string(), "Too late"]);
+    let t = env.wait_status(id, "done", RUN);
+    assert_eq!(t["notes"][0]["delivered"], false);
+    assert_eq!(t["notes"][0]["ended_first"], true, "{t:#}");
+    let shown = env.ok(&["show", &id.to_string()]);
+    assert!(shown.contains("note: Too late (not delivered: the task ended first)"), "{shown}");
+    assert!(mock.requests().iter().all(|r| !r.to_string().contains("Too late")));
+}

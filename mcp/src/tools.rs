@@ -748,7 +748,9 @@ impl TaskBridge {
     }
 
     /// Add a note for the agent: a queued task gets it with its prompt, a waiting one with the
-    /// answer, a running one when it next resumes.
+    /// answer, a running one at its next step on OpenCode's warm server (other agents: at their
+    /// next turn). A note the agent never got because its task ended first says so
+    /// (`ended_first`).
     #[tool(annotations(title = "Add a note", read_only_hint = false))]
     async fn add_task_note(&self, Parameters(args): Parameters<NoteArgs>) -> ToolResult {
         match self.blocking(move |s| Ok(s.add_note(TaskId(args.task_id), &args.note)?)).await {

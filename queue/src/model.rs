@@ -586,6 +586,20 @@ pub struct Note {
     pub created_at: f64,
     /// Whether the agent has been given this note yet.
     pub delivered: bool,
+    /// The task ended before the agent's next step: it never saw this note.
+    #[serde(default)]
+    pub ended_first: bool,
+}
+
+impl Note {
+    /// What to show after the note: nothing once delivered.
+    pub fn marker(&self) -> &'static str {
+        match (self.delivered, self.ended_first) {
+            (true, _) => "",
+            (false, true) => " (not delivered: the task ended first)",
+            (false, false) => " (not yet delivered)",
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -872,6 +872,7 @@ impl Store {
                         ),
                         args![result.to_string(), now, id.0],
                     )?;
+                    notes_ended_first(tx, id)?;
                 }
                 Outcome::Failed { error, result, backoff_s } if attempts < max_attempts => {
                     // A run that was delivering an answer keeps it, so the next attempt still
@@ -1202,6 +1203,33 @@ impl Store {
                 )?;
             }
             Ok(())
+        })
+    }
+
+    /// The notes added to a running task since its claim, marked delivered: the worker hands
+    /// them to the agent at its next step.
+    pub fn take_notes(&self, id: TaskId, token: i64) -> Result<Vec<String>> {
+        // Asked every second of a run: a read first, so that no note costs no write.
+        let any = self.read(|conn| {
+            conn.query_opt(
+                "SELECT id FROM task_notes WHERE task_id = ?1 AND delivered = 0 LIMIT 1",
+                args![id.0],
+            )
+            .map(|r| r.is_some())
+        })?;
+        if !any {
+            return Ok(Vec::new());
+        }
+        self.write(|tx, _now| {
+            holds_lease(tx, id, token)?;
+            tx.query(
+                "UPDATE task_notes SET delivered = ?1 WHERE task_id = ?2 AND delivered = 0
+                 RETURNING note",
+                args![NOTE_DELIVERED, id.0],
+            )?
+            .iter()
+            .map(|r| r.get::<String>(0))
+            .collect()
         })
     }
 
@@ -1549,6 +1577,19 @@ fn holds_lease(tx: &mut dyn Tx, id: TaskId, token: i64) -> Result<()> {
     if held.is_none() { Err(Error::StaleLease { id, token }) } else { Ok(()) }
 }
 
+/// `task_notes.delivered`: not yet (0), given to the agent, or never (its task ended first).
+const NOTE_DELIVERED: i64 = 1;
+const NOTE_ENDED_FIRST: i64 = 2;
+
+/// The notes of a task that ends now and its agent never got.
+fn notes_ended_first(tx: &mut dyn Tx, id: TaskId) -> Result<()> {
+    tx.exec(
+        "UPDATE task_notes SET delivered = ?1 WHERE task_id = ?2 AND delivered = 0",
+        args![NOTE_ENDED_FIRST, id.0],
+    )?;
+    Ok(())
+}
+
 /// Moves a task to a terminal state and fails every queued or waiting task that depends on it,
 /// directly or not, naming the dependency that ended.
 fn end_terminal(
@@ -1576,6 +1617,7 @@ fn end_terminal(
          WHERE id = ?5",
         args![to.as_str(), error, result, now, id.0],
     )?;
+    notes_ended_first(tx, id)?;
     let mut stack = vec![(id, to)];
     while let Some((dep, how)) = stack.pop() {
         let dependents = tx.query(
@@ -1591,6 +1633,7 @@ fn end_terminal(
                    finished_at = ?3, updated_at = ?3 WHERE id = ?4",
                 args![format!("dependency task {} {verb}", dep.0), id.0, now, t.0],
             )?;
+            notes_ended_first(tx, t)?;
             stack.push((t, TaskStatus::Failed));
         }
     }
@@ -1636,7 +1679,15 @@ fn fill_relations(conn: &mut dyn Tx, task: &mut Task) -> Result<()> {
             args![task.id.0],
         )?
         .iter()
-        .map(|r| Ok(Note { note: r.get(0)?, created_at: r.get(1)?, delivered: r.get(2)? }))
+        .map(|r| {
+            let delivered: i64 = r.get(2)?;
+            Ok(Note {
+                note: r.get(0)?,
+                created_at: r.get(1)?,
+                delivered: delivered == NOTE_DELIVERED,
+                ended_first: delivered == NOTE_ENDED_FIRST,
+            })
+        })
         .collect::<Result<_>>()?;
     task.questions = conn
         .query(

@@ -479,11 +479,7 @@ fn draw_detail(m: &Model, f: &mut Frame, area: Rect) {
     if !t.notes.is_empty() {
         section(&mut lines, "Notes");
         for n in &t.notes {
-            lines.push(Line::from(format!(
-                "- {}{}",
-                n.note,
-                if n.delivered { "" } else { " (not yet delivered)" }
-            )));
+            lines.push(Line::from(format!("- {}{}", n.note, n.marker())));
         }
     }
     section(&mut lines, "Prompt");

@@ -1120,6 +1120,22 @@ impl Worker {
                                 });
                                 return crate::serve::Control::Go;
                             }
+                            crate::serve::Progress::Tick => {
+                                return match store.take_notes(id, token) {
+                                    Ok(notes) if !notes.is_empty() => {
+                                        crate::serve::Control::Say(format!(
+                                            "A note from the planner while you work; take it \
+                                             into account from your next step on.{}",
+                                            notes_section(&notes)
+                                        ))
+                                    }
+                                    Ok(_) => crate::serve::Control::Go,
+                                    Err(e) => {
+                                        tracing::debug!(task = %id, error = %e, "reading new notes failed");
+                                        crate::serve::Control::Go
+                                    }
+                                };
+                            }
                             crate::serve::Progress::Step(u) => u,
                         };
                         let mut usage = prev.clone();

@@ -141,13 +141,20 @@ pub enum Progress<'a> {
     Step(&'a Usage),
     /// A permission request was approved by a grant, without asking.
     Approved(&'a Ask),
+    /// A second went by during the turn (the caller may have a note for the agent).
+    Tick,
 }
 
-/// The caller's word after a step: go on, or stop the agent with a decision (a budget).
+/// The caller's word after a step: go on, stop the agent with a decision (a budget), or (on a
+/// tick) say something to the agent at its next step.
 pub enum Control {
     Go,
     Stop(Box<Ask>),
+    Say(String),
 }
+
+/// How often a turn asks its caller whether there is something to tell the agent.
+const TICK: Duration = Duration::from_secs(1);
 
 /// What one prompt needs.
 pub struct Turn<'a> {
@@ -648,8 +655,24 @@ impl ServeAgent {
         let mut waiting = None;
         let mut restarts = 0;
         let mut children: HashSet<String> = HashSet::new();
+        let mut tick = tokio::time::interval(TICK);
         'turn: loop {
             tokio::select! {
+                _ = tick.tick() => {
+                    if let Control::Say(text) = on_progress(Progress::Tick) {
+                        // A prompt to a busy session joins it: the agent reads it as a new user
+                        // message when its current step ends.
+                        let mut said = json!({"parts": [{"type": "text", "text": text}]});
+                        if let Some(agent) = crate::agent::AgentSpec::of(turn.task).opencode_agent {
+                            said["agent"] = json!(agent);
+                        }
+                        let url = self.url(port, &format!("/session/{session}/prompt_async"), dir);
+                        match self.post(&url, &said).await {
+                            Ok(_) => log.line("gave the agent the planner's new notes, for its next step"),
+                            Err(e) => log.line(&format!("could not give the agent the new notes: {e}")),
+                        }
+                    }
+                }
                 ev = events.next() => match ev {
                     Some(data) => {
                         let Ok(ev) = serde_json::from_str::<Value>(&data) else { continue };
