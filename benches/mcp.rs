@@ -93,6 +93,58 @@ async fn http(home: &Path, n: usize, json_response: bool) -> Figures {
     Figures { cold_start_ms, p50_ms, p99_ms, per_s }
 }
 
+/// A process's resident memory, in MB.
+fn rss_mb(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kb: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0.0);
+    kb / 1024.0
+}
+
+/// `n` sessions opened (an `initialize` each, never closed) against `serve`: its memory before
+/// and after. The server keeps at most `mcp::sessions::MAX_SESSIONS` of them.
+async fn sessions(home: &Path, n: usize) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_taskbridge"))
+        .args(["serve", "--no-worker", "--listen", &format!("127.0.0.1:{port}")])
+        .env("TASKBRIDGE_HOME", home)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    while tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err() {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let pid = child.id().unwrap();
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"bench","version":"1"}}}"#;
+    let request = format!(
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let before = rss_mb(pid);
+    let start = Instant::now();
+    for _ in 0..n {
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        s.write_all(request.as_bytes()).await.unwrap();
+        let mut resp = Vec::new();
+        s.read_to_end(&mut resp).await.unwrap();
+        assert!(resp.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&resp));
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let after = rss_mb(pid);
+    println!(
+        "bench=mcp.taskbridge.http_sessions n={n} rss_before_mb={before:.1} rss_after_mb={after:.1} growth_mb={:.1} secs={secs:.1}",
+        after - before
+    );
+    let _ = child.kill().await;
+}
+
 fn print(name: &str, f: &Figures) {
     println!(
         "bench={name} cold_start_ms={:.1} p50_ms={:.3} p99_ms={:.3} calls_per_s={:.0}",
@@ -127,6 +179,7 @@ async fn main() {
     print("mcp.taskbridge.http", &rust_http);
     let rust_http_json = http(home.root(), n, true).await;
     print("mcp.taskbridge.http_json", &rust_http_json);
+    sessions(home.root(), if full { 5000 } else { 300 }).await;
 
     let py = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/fastmcp_server.py");

@@ -1,20 +1,37 @@
 //! Tracing to `<home>/logs/taskbridge.log`, never to stdout: stdout is the MCP channel in stdio
-//! mode and the screen in the TUI. `TASKBRIDGE_LOG` sets the filter (default `info`).
+//! mode and the screen in the TUI. `TASKBRIDGE_LOG` sets the filter (default `info`). The file is
+//! rotated by size (`taskbridge.log.1` … `.4`, the oldest dropped); `TASKBRIDGE_LOG_MAX_BYTES`
+//! sets the size (default 10 MiB). Each process counts from the file's size when it opened it,
+//! so with several processes writing a file may pass the limit by what the others wrote since.
 
+use file_rotate::{ContentLimit, FileRotate, compression::Compression, suffix::AppendCount};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use tracing_subscriber::{EnvFilter, Layer, fmt, layer::SubscriberExt, util::SubscriberInitExt};
+
+/// Rotated files kept beside the current one.
+const KEEP: usize = 4;
+const DEFAULT_MAX_BYTES: usize = 10 * 1024 * 1024;
 
 /// Keeps the background log writer alive; hold it in `main`.
 #[must_use]
 pub struct LogGuard(#[allow(dead_code)] Option<tracing_appender::non_blocking::WorkerGuard>);
 
-pub fn init(logs_dir: &Path, also_stderr: bool) -> LogGuard {
+pub fn init(logs_dir: &Path, also_stderr: bool, max_bytes: Option<usize>) -> LogGuard {
     let filter =
         || EnvFilter::try_from_env("TASKBRIDGE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     let path = logs_dir.join("taskbridge.log");
-    let file = queue::home::create_private_file(&path)
-        .ok()
-        .and_then(|_| std::fs::OpenOptions::new().append(true).open(&path).ok());
+    let file = queue::home::create_private_file(&path).ok().map(|_| {
+        let mut private = std::fs::OpenOptions::new();
+        private.read(true).create(true).append(true).mode(0o600);
+        FileRotate::new(
+            &path,
+            AppendCount::new(KEEP),
+            ContentLimit::BytesSurpassed(max_bytes.unwrap_or(DEFAULT_MAX_BYTES).max(1)),
+            Compression::None,
+            Some(private),
+        )
+    });
     let (file_layer, guard) = match file {
         Some(f) => {
             let (w, g) = tracing_appender::non_blocking(f);

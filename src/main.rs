@@ -72,7 +72,13 @@ fn real_main(cli: cli::Cli) -> anyhow::Result<std::process::ExitCode> {
     );
     // The headless worker also logs to stderr; the stdio server must keep stdout clean and logs
     // to its file only (stderr would end up in the client's log, which is fine but noisy).
-    let _log = logging::init(&ctx.home.logs_dir(), matches!(cli.command, cli::Command::Worker(_)));
+    let log_max =
+        std::env::var("TASKBRIDGE_LOG_MAX_BYTES").ok().and_then(|v| v.trim().parse().ok());
+    let _log = logging::init(
+        &ctx.home.logs_dir(),
+        matches!(cli.command, cli::Command::Worker(_)),
+        log_max,
+    );
     if long_running {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .enable_all()

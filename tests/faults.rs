@@ -333,3 +333,104 @@ fn a_note_the_agent_never_got_because_its_task_ended_first_says_so() {
     assert!(shown.contains("note: Too late (not delivered: the task ended first)"), "{shown}");
     assert!(mock.requests().iter().all(|r| !r.to_string().contains("Too late")));
 }
+
+/// A raw HTTP POST to `/mcp` with `headers`; the status and the whole response.
+fn mcp_post(port: u16, headers: &str, body: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(
+        s,
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n{headers}Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    (resp.split_whitespace().nth(1).unwrap().parse().unwrap(), resp)
+}
+
+/// A new MCP session on the server at `port`, initialized; its id.
+fn new_session(port: u16) -> String {
+    let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
+    let (status, resp) = mcp_post(port, "", init);
+    assert_eq!(status, 200, "{resp}");
+    let id = resp
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("mcp-session-id: ").or_else(|| l.strip_prefix("Mcp-Session-Id: "))
+        })
+        .unwrap_or_else(|| panic!("no session id: {resp}"))
+        .trim()
+        .to_owned();
+    let done = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
+    let (status, _) = mcp_post(port, &format!("Mcp-Session-Id: {id}\r\n"), done);
+    assert_eq!(status, 202);
+    id
+}
+
+/// Whether the session still answers `tools/list`.
+fn session_lives(port: u16, id: &str) -> bool {
+    let list = r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#;
+    let (status, resp) = mcp_post(
+        port,
+        &format!("Mcp-Session-Id: {id}\r\nMcp-Protocol-Version: 2025-11-25\r\n"),
+        list,
+    );
+    match status {
+        200 => true,
+        404 => false,
+        other => panic!("{other}: {resp}"),
+    }
+}
+
+#[test]
+fn mcp_sessions_are_capped_closing_the_least_recently_used() {
+    let env = Env::new();
+    let (_serve, port) = start_serve(&env, &[]);
+    let first = new_session(port);
+    let kept = new_session(port);
+    for _ in 0..mcp::sessions::MAX_SESSIONS {
+        assert!(session_lives(port, &kept), "a session in use is kept");
+        new_session(port);
+    }
+    assert!(!session_lives(port, &first), "the least recently used session was closed");
+    assert!(session_lives(port, &kept));
+    // The client whose session went away initializes again, as the protocol says.
+    let again = new_session(port);
+    assert!(session_lives(port, &again));
+}
+
+#[test]
+fn the_log_is_rotated_by_size_keeping_a_few_private_files() {
+    let mut env = Env::new();
+    env.extra_env.push(("TASKBRIDGE_LOG_MAX_BYTES".into(), "1000".into()));
+    // A worker that finds nothing to do logs its start and stop (a few hundred bytes).
+    for _ in 0..20 {
+        env.ok(&["worker", "--once"]);
+    }
+    let logs = env.home.join("logs");
+    let mut names: Vec<String> = std::fs::read_dir(&logs)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("taskbridge.log"))
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "taskbridge.log",
+            "taskbridge.log.1",
+            "taskbridge.log.2",
+            "taskbridge.log.3",
+            "taskbridge.log.4"
+        ],
+        "rotated, and only a few kept"
+    );
+    for n in &names {
+        let meta = std::fs::metadata(logs.join(n)).unwrap();
+        assert!(meta.len() < 2000, "{n} is {} bytes", meta.len());
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600, "{n}");
+    }
+}

@@ -7,9 +7,7 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use rmcp::transport::streamable_http_server::{
-    StreamableHttpServerConfig, StreamableHttpService, session::local::LocalSessionManager,
-};
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::net::TcpListener;
@@ -183,7 +181,8 @@ where
         .with_cancellation_token(shutdown.child_token());
     let svc = StreamableHttpService::new(
         move || Ok(server.clone()),
-        LocalSessionManager::default().into(),
+        crate::sessions::CappedSessions::new(crate::sessions::MAX_SESSIONS, crate::sessions::IDLE)
+            .into(),
         rmcp_cfg,
     );
     let g = Arc::new(Guard { hosts, token: cfg.token.filter(|t| !t.is_empty()) });

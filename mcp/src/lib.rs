@@ -13,6 +13,7 @@ pub mod error;
 pub mod http;
 pub mod params;
 pub mod server;
+pub mod sessions;
 pub mod tools;
 
 pub use bridge::ClaudeBridge;
