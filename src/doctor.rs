@@ -200,8 +200,16 @@ fn probe(ctx: &Ctx, model: &str) -> Check {
 fn home(ctx: &Ctx) -> Check {
     let probe = ctx.home.root().join(".doctor-write-test");
     let file = std::fs::write(&probe, b"ok").and_then(|()| std::fs::remove_file(&probe));
-    let db =
-        ctx.store.set_setting("doctor_checked_at", &format!("{:?}", std::time::SystemTime::now()));
+    let db = ctx
+        .store
+        .set_setting("doctor_checked_at", &format!("{:?}", std::time::SystemTime::now()))
+        .and_then(|()| match ctx.store.quick_check()?.as_str() {
+            "ok" => Ok(()),
+            damage => Err(queue::Error::Corrupt {
+                path: ctx.store.location().to_string(),
+                detail: format!("quick_check: {damage}"),
+            }),
+        });
     match (file, db) {
         (Ok(()), Ok(())) => ok(format!(
             "home {} and database {} are writable ({})",
@@ -212,6 +220,21 @@ fn home(ctx: &Ctx) -> Check {
         (Err(e), _) => fail(
             format!("home {} is not writable: {e}", ctx.home.root().display()),
             "free some space or fix its permissions, or pass --home DIR",
+        ),
+        (_, Err(queue::Error::Corrupt { path, detail })) => fail(
+            format!("database {path} is damaged ({detail})"),
+            format!(
+                "stop every TaskBridge process, then restore it from a backup, or rescue what is \
+                 left: {}",
+                queue::recover_commands(&path)
+            ),
+        ),
+        (_, Err(queue::Error::ReadOnly { path, detail })) => fail(
+            format!("database {path} cannot be written ({detail})"),
+            format!(
+                "make the file and its directory yours and writable (`ls -l {path}`), check the \
+                 file system is not read-only, or point --db (TASKBRIDGE_DB) elsewhere"
+            ),
         ),
         (_, Err(e)) => fail(
             format!("database {} is not writable: {e}", ctx.store.location()),

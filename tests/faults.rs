@@ -434,3 +434,91 @@ fn the_log_is_rotated_by_size_keeping_a_few_private_files() {
         assert_eq!(meta.permissions().mode() & 0o777, 0o600, "{n}");
     }
 }
+
+/// A queue with a few tasks whose database file then has some of its pages overwritten.
+fn damaged_queue() -> (Env, PathBuf) {
+    let env = Env::new();
+    let long = "x".repeat(3000);
+    for i in 0..30 {
+        env.submit(&[&format!("Task {i}: {long}"), "--title", &format!("Task {i}")]);
+    }
+    let db = env.home.join("taskbridge.db");
+    // Everything in the file, none of it in the write-ahead log.
+    let out = std::process::Command::new("sqlite3")
+        .arg(&db)
+        .arg("PRAGMA wal_checkpoint(TRUNCATE)")
+        .output()
+        .expect("sqlite3 (Debian's package, which .ci/run installs)");
+    assert!(out.status.success(), "{out:?}");
+    let mut bytes = std::fs::read(&db).unwrap();
+    let end = bytes.len();
+    bytes[end - 3 * 4096 + 200..end - 4096].fill(0);
+    std::fs::write(&db, bytes).unwrap();
+    (env, db)
+}
+
+#[test]
+fn a_damaged_database_is_named_with_how_to_recover_and_doctor_finds_it() {
+    let (env, db) = damaged_queue();
+    let out = env.run(&["submit", "One more"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains(&format!("the database {} is damaged", db.display())), "{err}");
+    assert!(err.contains("restore it from a backup") && err.contains(".recover"), "{err}");
+    let doctor = env.run(&["doctor"]);
+    let text = String::from_utf8_lossy(&doctor.stdout);
+    assert!(text.contains(&format!("FAIL  database {} is damaged", db.display())), "{text}");
+    assert!(text.contains("sqlite3 '") && text.contains(".recovered"), "{text}");
+}
+
+#[test]
+fn a_read_only_database_is_named_with_what_to_check() {
+    let env = Env::new();
+    env.submit(&["First"]);
+    let db = env.home.join("taskbridge.db");
+    // Root writes through file modes: the immutable flag stops it too.
+    let root = {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata("/proc/self").unwrap().uid() == 0
+    };
+    if root {
+        assert!(
+            std::process::Command::new("chattr").arg("+i").arg(&db).status().unwrap().success()
+        );
+    } else {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&db, std::fs::Permissions::from_mode(0o400)).unwrap();
+    }
+    let out = env.run(&["submit", "Second"]);
+    if root {
+        std::process::Command::new("chattr").arg("-i").arg(&db).status().unwrap();
+    }
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains(&format!("the database {} cannot be written", db.display())), "{err}");
+    assert!(err.contains(&format!("ls -l {}", db.display())), "{err}");
+    assert_eq!(env.show(1)["title"], "First", "nothing lost");
+}
+
+#[test]
+#[ignore = "needs root, to give the repository to another user (.ci/run runs it as root)"]
+fn a_repository_of_another_user_is_explained_as_safe_directory_and_the_command_works() {
+    let env = Env::new();
+    let chown = std::process::Command::new("chown").args(["-R", "nobody"]).arg(&env.repo).status();
+    assert!(chown.unwrap().success(), "chown needs root");
+    let out = env.run(&["submit", "Anything"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("owned by another user") && err.contains("safe.directory"), "{err}");
+    assert!(!err.contains("git init"), "{err}");
+    // The command it gives, run as given (HOME is this world's), lets the submit through.
+    let command = err.split('`').nth(1).unwrap();
+    let ran = std::process::Command::new("sh")
+        .args(["-c", command])
+        .env("HOME", &env.oc_home)
+        .env("XDG_CONFIG_HOME", env.oc_home.join(".config"))
+        .status()
+        .unwrap();
+    assert!(ran.success(), "{command}");
+    env.submit(&["Now it goes in"]);
+}

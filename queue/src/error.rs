@@ -31,6 +31,19 @@ pub enum Error {
     SchemaTooNew { found: i64, known: i64 },
     #[error("disk full: the database could not be written ({0}); free some space and retry")]
     DiskFull(String),
+    #[error(
+        "the database {path} is damaged ({detail}). Stop every TaskBridge process, then restore \
+         it from a backup, or rescue what is left: {}. `taskbridge doctor` checks the file",
+        crate::sqlite::recover_commands(path)
+    )]
+    Corrupt { path: String, detail: String },
+    #[error(
+        "the database {path} cannot be written ({detail}): check that the file and its \
+         directory belong to you and are writable (`ls -l {path}`; SQLite also writes files \
+         beside it), and that the file system is not mounted read-only; or point --db \
+         (TASKBRIDGE_DB) or --home elsewhere"
+    )]
+    ReadOnly { path: String, detail: String },
     #[error("database error: {0}")]
     Sqlite(rusqlite::Error),
     #[error("PostgreSQL: {message}{}", .code.as_ref().map(|c| format!(" (SQLSTATE {c})")).unwrap_or_default())]

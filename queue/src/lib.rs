@@ -33,5 +33,6 @@ pub use home::Home;
 pub use jobs::{Job, JobId, JobOutcome, JobOwner, JobStatus};
 pub use location::Location;
 pub use model::*;
+pub use sqlite::recover_commands;
 pub use store::{RunFacts, Store};
 pub use watch::ChangeWatcher;

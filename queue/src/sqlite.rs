@@ -68,28 +68,7 @@ impl Db {
         };
         let mut conn = Connection::open(&path).map_err(open_err)?;
         conn.busy_handler(Some(busy_handler))?;
-        // Two processes creating the database at once (a worker and a submit, say) can meet
-        // while one switches it to WAL; SQLite reports that as busy without asking the busy
-        // handler, so the set-up is retried here.
-        let mut tries = 0;
-        loop {
-            match prepare(&mut conn) {
-                Err(Error::Sqlite(e))
-                    if tries < 500
-                        && matches!(
-                            e.sqlite_error_code(),
-                            Some(
-                                rusqlite::ErrorCode::DatabaseBusy
-                                    | rusqlite::ErrorCode::DatabaseLocked
-                            )
-                        ) =>
-                {
-                    tries += 1;
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-                other => break other?,
-            }
-        }
+        prepare_retrying(&mut conn).map_err(|e| locate(&path, e))?;
         let mut reader = Connection::open(&path).map_err(open_err)?;
         reader.busy_handler(Some(busy_handler))?;
         reader.pragma_update(None, "query_only", "ON")?;
@@ -98,6 +77,11 @@ impl Db {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The faults a person must fix on the file itself, named with the file.
+    fn located(&self, e: Error) -> Error {
+        locate(&self.path, e)
     }
 
     fn lock(&self) -> MutexGuard<'_, Connection> {
@@ -127,27 +111,89 @@ impl Db {
             Ok((out, conn.total_changes() != before))
         })();
         if durability == Durability::CrashSafe {
-            conn.pragma_update(None, "synchronous", "FULL")?;
+            conn.pragma_update(None, "synchronous", "FULL").map_err(|e| self.located(e.into()))?;
         }
-        result
+        result.map_err(|e| self.located(e))
     }
 
     /// A statement outside any transaction, for writes that need no lock on anything else (a
     /// worker's heartbeat).
     pub fn exec_alone(&self, sql: &str, args: &[Arg]) -> Result<u64> {
         let conn = self.lock();
-        Conn(&conn).exec(sql, args)
+        Conn(&conn).exec(sql, args).map_err(|e| self.located(e))
     }
 
     pub fn read<T>(&self, f: &mut (dyn FnMut(&mut dyn Tx) -> Result<T> + Send)) -> Result<T> {
         let conn = self.reader.lock().unwrap_or_else(|e| e.into_inner());
-        f(&mut Conn(&conn))
+        f(&mut Conn(&conn)).map_err(|e| self.located(e))
     }
 
     /// `PRAGMA integrity_check`, for crash tests and `taskbridge status`.
     pub fn integrity_check(&self) -> Result<String> {
         let conn = self.reader.lock().unwrap_or_else(|e| e.into_inner());
         Ok(conn.query_row("PRAGMA integrity_check", [], |r| r.get(0))?)
+    }
+
+    /// `PRAGMA quick_check` ("ok" when sound; else what is wrong), for `taskbridge doctor`.
+    pub fn quick_check(&self) -> Result<String> {
+        let conn = self.reader.lock().unwrap_or_else(|e| e.into_inner());
+        let lines = (|| {
+            let mut stmt = conn.prepare("PRAGMA quick_check")?;
+            stmt.query_map([], |r| r.get(0))?.collect::<rusqlite::Result<Vec<String>>>()
+        })();
+        // A page too damaged to check fails the check itself.
+        lines.map(|l| l.join("; ")).map_err(|e| self.located(e.into()))
+    }
+}
+
+/// [`prepare`], again while another process holds the file: two processes creating the database
+/// at once (a worker and a submit, say) can meet while one switches it to WAL, which SQLite
+/// reports as busy without asking the busy handler.
+fn prepare_retrying(conn: &mut Connection) -> Result<()> {
+    let mut tries = 0;
+    loop {
+        match prepare(conn) {
+            Err(Error::Sqlite(e))
+                if tries < 500
+                    && matches!(
+                        e.sqlite_error_code(),
+                        Some(
+                            rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked
+                        )
+                    ) =>
+            {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            other => break other,
+        }
+    }
+}
+
+/// How to rescue what is left of a damaged database file: into a new file first (`.recover`
+/// keeps the schema version), looked at, and only then put in place, the damaged one kept.
+pub fn recover_commands(path: &str) -> String {
+    let q = |p: &str| format!("'{}'", p.replace('\'', r"'\''"));
+    let (db, new, old) = (q(path), q(&format!("{path}.recovered")), q(&format!("{path}.damaged")));
+    format!(
+        "`sqlite3 {db} .recover | sqlite3 {new}`, look at it (`taskbridge --db {new} list`), and \
+         if it holds your tasks put it in place: `mv {db} {old} && rm -f {db}-wal {db}-shm && mv \
+         {new} {db}`"
+    )
+}
+
+/// `e`, as the fault of the file at `path` when it is one a person must fix there (damaged, not
+/// writable).
+fn locate(path: &Path, e: Error) -> Error {
+    let Error::Sqlite(inner) = &e else { return e };
+    let path = path.display().to_string();
+    let detail = inner.to_string();
+    match inner.sqlite_error_code() {
+        Some(rusqlite::ErrorCode::DatabaseCorrupt | rusqlite::ErrorCode::NotADatabase) => {
+            Error::Corrupt { path, detail }
+        }
+        Some(rusqlite::ErrorCode::ReadOnly) => Error::ReadOnly { path, detail },
+        _ => e,
     }
 }
 

@@ -1519,6 +1519,15 @@ impl Store {
         }
     }
 
+    /// A quick check of the SQLite file (`PRAGMA quick_check`: "ok" when sound, else what is
+    /// damaged), for `doctor`; "ok" on PostgreSQL, which checks its own pages.
+    pub fn quick_check(&self) -> Result<String> {
+        match &self.backend {
+            Backend::Sqlite(db) => db.quick_check(),
+            Backend::Postgres(_) => Ok("ok".into()),
+        }
+    }
+
     /// A health check of the database: SQLite's `PRAGMA integrity_check` ("ok" when sound), or
     /// on PostgreSQL a round trip ("ok" when the server answers).
     pub fn integrity_check(&self) -> Result<String> {

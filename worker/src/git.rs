@@ -19,12 +19,30 @@ pub struct ResolvedRepo {
     pub branch: Option<String>,
 }
 
+/// The directory at or above `path` that holds a `.git` (the repository git refused), or `path`.
+fn owned_repository_root(path: &Path) -> PathBuf {
+    let path = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
+    path.ancestors().find(|d| d.join(".git").exists()).unwrap_or(&path).to_path_buf()
+}
+
 /// Finds the repository containing `path` and resolves `reference` (default `HEAD`) to a commit.
 pub fn resolve_repo(path: &Path, reference: Option<&str>) -> Result<ResolvedRepo> {
     if !path.exists() {
         return Err(Error::Repo(format!("'{}' does not exist", path.display())));
     }
-    let repo = Repository::discover(path).map_err(|_| {
+    let repo = Repository::discover(path).map_err(|e| {
+        if e.code() == git2::ErrorCode::Owner {
+            // git's `safe.directory`: a repository owned by another user is refused until the
+            // user says it is trusted.
+            let top = owned_repository_root(path);
+            return Error::Repo(format!(
+                "'{}' is a git repository owned by another user, which git refuses to use \
+                 (its safe.directory rule). If you trust it, run `git config --global --add \
+                 safe.directory {}`; or run TaskBridge as the repository's owner",
+                top.display(),
+                top.display()
+            ));
+        }
         Error::Repo(format!(
             "'{}' is not inside a git repository; run `git init` there (and commit) or pass \
              another repo",
