@@ -41,11 +41,23 @@ pub fn run(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode> {
                     .map(|x| x.toplevel.display().to_string())
                     .unwrap_or_else(|_| r.display().to_string())
             });
-            let tasks = store.list(&ListFilter { status, repo, limit: Some(limit), offset: 0 })?;
+            let filter =
+                ListFilter { status, repo: repo.clone(), limit: Some(limit + 1), offset: 0 };
+            let mut tasks = store.list(&filter)?;
+            let more = tasks.len() > limit;
+            tasks.truncate(limit);
             if json {
                 print_json(&tasks)?;
             } else {
                 print_table(&tasks);
+                if more {
+                    let total = store
+                        .rows(status)?
+                        .iter()
+                        .filter(|r| repo.as_ref().is_none_or(|p| &r.repo == p))
+                        .count();
+                    outln!("{} of {total} shown; --limit N shows more", tasks.len());
+                }
             }
         }
         Command::Followup { id, prompt } => {
@@ -385,11 +397,13 @@ fn now() -> f64 {
         .unwrap_or(0.0)
 }
 
-fn age(t: &Task) -> String {
+/// How long it has run (so far, or in all once finished), as the TUI's RAN; blank when it never
+/// started. AGE is the time since it was submitted, whatever its state.
+fn ran(t: &Task) -> String {
     match (t.started_at, t.finished_at) {
         (Some(s), Some(f)) => human_duration(f - s),
         (Some(s), None) => human_duration(now() - s),
-        _ => human_duration(now() - t.created_at),
+        _ => String::new(),
     }
 }
 
@@ -409,12 +423,13 @@ fn print_table(tasks: &[Task]) {
         return;
     }
     outln!(
-        "{:>5}  {:<9}  {:>4}  {:>3}  {:>7}  {:<40}  REPO",
+        "{:>5}  {:<9}  {:>4}  {:>3}  {:>5}  {:>5}  {:<40}  REPO",
         "ID",
         "STATE",
         "PRI",
         "TRY",
         "AGE",
+        "RAN",
         "TITLE"
     );
     for t in tasks {
@@ -423,12 +438,13 @@ fn print_table(tasks: &[Task]) {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
         outln!(
-            "{:>5}  {:<9}  {:>4}  {:>3}  {:>7}  {:<40}  {}",
+            "{:>5}  {:<9}  {:>4}  {:>3}  {:>5}  {:>5}  {:<40}  {}",
             t.id.0,
             t.display_status,
             t.priority,
             t.attempts,
-            age(t),
+            human_duration(now() - t.created_at),
+            ran(t),
             truncate(&t.title, 40),
             repo
         );

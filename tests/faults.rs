@@ -522,3 +522,47 @@ fn a_repository_of_another_user_is_explained_as_safe_directory_and_the_command_w
     assert!(ran.success(), "{command}");
     env.submit(&["Now it goes in"]);
 }
+
+#[test]
+fn list_shows_age_and_run_time_apart_and_says_when_rows_were_left_out() {
+    let env = Env::new();
+    for i in 0..3 {
+        env.submit(&[&format!("Task {i}")]);
+    }
+    // Task 1 was submitted 15 minutes ago and ran for 5 seconds, 1 minute ago.
+    let db = env.home.join("taskbridge.db");
+    let sql = "UPDATE tasks SET status = 'done', created_at = unixepoch() - 900, \
+               started_at = unixepoch() - 65, finished_at = unixepoch() - 60 WHERE id = 1";
+    let out = std::process::Command::new("sqlite3").arg(&db).arg(sql).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let list = env.ok(&["list"]);
+    let header = list.lines().next().unwrap();
+    assert!(header.contains("AGE") && header.contains("RAN"), "{list}");
+    let row = list.lines().find(|l| l.trim_start().starts_with("1 ")).unwrap();
+    let cols: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(&cols[..6], ["1", "done", "0", "0", "15m", "5s"], "{list}");
+    assert!(!list.contains("shown"), "all rows shown: {list}");
+    let two = env.ok(&["list", "--limit", "2"]);
+    assert_eq!(two.lines().count(), 4, "{two}");
+    assert_eq!(two.lines().last().unwrap(), "2 of 3 shown; --limit N shows more");
+}
+
+#[test]
+fn submit_warns_of_uncommitted_changes_the_agent_will_not_see() {
+    let env = Env::new();
+    std::fs::write(env.repo.join("README.md"), "changed\n").unwrap();
+    for n in 0..5 {
+        std::fs::write(env.repo.join(format!("new{n}.txt")), "x").unwrap();
+    }
+    let out = env.run(&["submit", "Use the new files"]);
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    let line = err.lines().find(|l| l.contains("uncommitted")).unwrap_or_else(|| panic!("{err}"));
+    assert!(line.contains("has 6 uncommitted changes the agent will not see"), "{line}");
+    assert!(line.contains("README.md") && line.contains("and 3 more"), "{line}");
+    // A clean tree gets no such warning.
+    git(&env.repo, &["add", "."]);
+    git(&env.repo, &["commit", "-qm", "more"]);
+    let out = env.run(&["submit", "Again"]);
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("uncommitted"));
+}

@@ -667,6 +667,19 @@ pub fn commit_all(worktree: &Path, message: &str) -> Result<Option<String>> {
     Ok(Some(oid.to_string()))
 }
 
+/// The paths of `repo`'s working tree that differ from its HEAD (untracked ones included,
+/// ignored ones not): what a task starting from a commit will not see.
+pub fn uncommitted(repo: &Path) -> Result<Vec<String>> {
+    let repo = Repository::open(repo)?;
+    let mut opts = StatusOptions::new();
+    opts.include_untracked(true).recurse_untracked_dirs(true).include_ignored(false);
+    Ok(repo
+        .statuses(Some(&mut opts))?
+        .iter()
+        .filter_map(|s| s.path().ok().map(str::to_owned))
+        .collect())
+}
+
 /// Puts the worktree back to its HEAD commit, deleting untracked files, and returns the paths
 /// that had changed. Used for read-only tasks.
 pub fn revert_all(worktree: &Path) -> Result<Vec<String>> {

@@ -115,6 +115,16 @@ pub fn submit_batch(
             }
         }
     }
+    let mut looked = std::collections::BTreeSet::new();
+    for spec in &specs {
+        if !looked.insert(spec.repo.clone()) {
+            continue;
+        }
+        let dirty = crate::git::uncommitted(Path::new(&spec.repo)).unwrap_or_default();
+        if let Some(w) = uncommitted_warning(&spec.repo, &dirty) {
+            warnings.push(w);
+        }
+    }
     let wanted: std::collections::BTreeSet<&'static str> = specs
         .iter()
         .map(kind_of)
@@ -187,6 +197,28 @@ fn check_codex_rules(spec: &TaskSpec) -> Result<()> {
 }
 
 /// Submits one request; see [`submit_batch`].
+/// How many uncommitted paths a warning names before it counts the rest.
+const DIRTY_NAMED: usize = 3;
+
+/// The warning for a submit from a repository whose working tree has `dirty` paths: a task
+/// starts from a commit, so the agent will not see them.
+fn uncommitted_warning(repo: &str, dirty: &[String]) -> Option<String> {
+    if dirty.is_empty() {
+        return None;
+    }
+    let named = dirty.iter().take(DIRTY_NAMED).cloned().collect::<Vec<_>>().join(", ");
+    let rest = match dirty.len().saturating_sub(DIRTY_NAMED) {
+        0 => String::new(),
+        n => format!(" and {n} more"),
+    };
+    Some(format!(
+        "{repo} has {} uncommitted change{} the agent will not see, since a task starts from a \
+         commit: {named}{rest}; commit them first if the task needs them",
+        dirty.len(),
+        if dirty.len() == 1 { "" } else { "s" }
+    ))
+}
+
 pub fn submit(
     store: &Store,
     cwd: &Path,
