@@ -58,6 +58,24 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// A task's structured result (what `get_task_result` returns): summary, files, tests, diff,
+    /// usage and cost, branch and commit.
+    #[command(name = "get-result", visible_aliases = ["result", "get-task-result"])]
+    Result {
+        id: i64,
+        /// Cut the diff in the result at this many bytes (`diff` prints it whole).
+        #[arg(long, default_value_t = 65536)]
+        max_diff_bytes: usize,
+    },
+    /// A task's diff against the commit it started from: coloured, and through the pager
+    /// ($PAGER, else `less -R`), when the output is a terminal.
+    #[command(name = "diff", visible_aliases = ["get-diff"])]
+    Diff {
+        id: i64,
+        /// auto (colour on a terminal), always or never.
+        #[arg(long, default_value = "auto", value_parser = ["auto", "always", "never"])]
+        color: String,
+    },
     /// Print a task's log (the tail, or from a byte offset).
     #[command(name = "get-logs", visible_aliases = ["logs", "get-task-logs"])]
     Logs {

@@ -81,6 +81,26 @@ pub fn run(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode> {
                 }
             );
         }
+        Command::Result { id, max_diff_bytes } => {
+            let task = store.get(TaskId(id))?;
+            if TaskResult::of(&task).is_none() {
+                bail!(
+                    "task {id} is {} and has no result yet; `taskbridge get {id}` shows where it is",
+                    task.display_status
+                );
+            }
+            let overlaps = worker::merge::overlaps(store, &task)?;
+            print_json(&mcp::server::result_json(&task, max_diff_bytes, overlaps))?;
+        }
+        Command::Diff { id, color } => {
+            let task = store.get(TaskId(id))?;
+            let diff = TaskResult::of(&task).map(|r| r.diff).unwrap_or_default();
+            if diff.is_empty() {
+                outln!("task {id} ({}): no changes", task.display_status);
+                return Ok(ExitCode::SUCCESS);
+            }
+            crate::pager::show_diff(&diff, &color)?;
+        }
         Command::Show { id, json } => {
             let task = store.get(TaskId(id))?;
             if json {

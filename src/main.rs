@@ -9,6 +9,7 @@ mod commands;
 mod config;
 mod doctor;
 mod logging;
+mod pager;
 mod public;
 mod run;
 mod service;

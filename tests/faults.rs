@@ -566,3 +566,30 @@ fn submit_warns_of_uncommitted_changes_the_agent_will_not_see() {
     let out = env.run(&["submit", "Again"]);
     assert!(!String::from_utf8_lossy(&out.stderr).contains("uncommitted"));
 }
+
+#[test]
+fn result_and_diff_verbs_print_a_tasks_result_and_its_diff() {
+    let env = Env::new();
+    let mock = MockAnthropic::spawn(vec![
+        Turn::bash("printf 'hello\\n' > hello.txt"),
+        result_block("Wrote hello."),
+    ]);
+    let env = env.with_mock(&mock);
+    let id = env.submit(&["Write hello"]);
+    let out = env.run(&["result", &id.to_string()]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("has no result yet"), "{out:?}");
+    let _worker = env.start_worker(1);
+    let t = env.wait_status(id, "done", RUN);
+    let result: Value = serde_json::from_str(&env.ok(&["result", &id.to_string()])).unwrap();
+    assert_eq!(result["summary"], "Wrote hello.");
+    assert_eq!(result["commit"], t["result"]["commit"]);
+    assert_eq!(result["diff"], t["result"]["diff"]);
+    // Into a pipe: the plain diff, as git would print it.
+    let diff = env.ok(&["diff", &id.to_string()]);
+    assert_eq!(diff, t["result"]["diff"].as_str().unwrap());
+    assert!(diff.contains("+hello\n") && !diff.contains('\x1b'), "{diff}");
+    let coloured = env.ok(&["diff", &id.to_string(), "--color", "always"]);
+    assert!(coloured.contains("\x1b[32m+hello\x1b[0m"), "{coloured:?}");
+    assert!(coloured.contains("\x1b[1mdiff --git"), "{coloured:?}");
+}

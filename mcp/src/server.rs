@@ -250,7 +250,7 @@ pub(crate) fn refuse(message: impl Into<String>) -> ToolResult {
 }
 
 /// The shape `get_task_result` returns.
-pub(crate) fn result_json(
+pub fn result_json(
     task: &Task,
     max_diff_bytes: usize,
     overlaps: Vec<worker::merge::Overlap>,
