@@ -427,6 +427,11 @@ fn ran(t: &Task) -> String {
     }
 }
 
+/// `text` with every line after the first indented by `by` spaces, so it stays in its column.
+fn indent(text: &str, by: usize) -> String {
+    text.lines().collect::<Vec<_>>().join(&format!("\n{}", " ".repeat(by)))
+}
+
 fn truncate(s: &str, n: usize) -> String {
     if s.chars().count() <= n {
         s.to_owned()
@@ -506,7 +511,11 @@ fn print_task(t: &Task) {
     }
     if !t.depends_on.is_empty() {
         let ids = |v: &[TaskId]| v.iter().map(|i| i.0.to_string()).collect::<Vec<_>>().join(", ");
-        outln!("  after:     {} (waiting on: {})", ids(&t.depends_on), ids(&t.waiting_on));
+        if t.waiting_on.is_empty() {
+            outln!("  after:     {} (all done)", ids(&t.depends_on));
+        } else {
+            outln!("  after:     {} (waiting on: {})", ids(&t.depends_on), ids(&t.waiting_on));
+        }
     }
     if let Some(b) = &t.branch {
         outln!("  branch:    {b}");
@@ -541,7 +550,7 @@ fn print_task(t: &Task) {
             Some(queue::AskKind::Budget) => "BUDGET",
             _ => "QUESTION",
         };
-        outln!("  {kind:<10} {q}");
+        outln!("  {kind:<10} {}", indent(q, 13));
         for aq in t.ask.iter().flat_map(|a| &a.questions) {
             if let Some(h) = &aq.header {
                 outln!(
@@ -569,9 +578,9 @@ fn print_task(t: &Task) {
             outln!(
                 "  Q{}: {}\n  A{}: {}{by}",
                 i + 1,
-                q.question,
+                indent(&q.question, 6),
                 i + 1,
-                q.answer.as_deref().unwrap_or("")
+                indent(q.answer.as_deref().unwrap_or(""), 6)
             );
         }
     }

@@ -593,3 +593,56 @@ fn result_and_diff_verbs_print_a_tasks_result_and_its_diff() {
     assert!(coloured.contains("\x1b[32m+hello\x1b[0m"), "{coloured:?}");
     assert!(coloured.contains("\x1b[1mdiff --git"), "{coloured:?}");
 }
+
+#[test]
+fn a_bare_reject_fails_the_task_saying_what_was_rejected_and_the_command_never_ran() {
+    let env = Env::new();
+    let mock = MockAnthropic::spawn(vec![
+        Turn::bash("echo deploy-prod > deployed.txt"),
+        result_block("Should not get here."),
+    ]);
+    let env = env.with_mock(&mock);
+    let id = env.submit(&["Deploy it", "--ask", "bash:echo deploy*"]);
+    let _worker = env.start_worker(1);
+    env.wait_status(id, "waiting", RUN);
+    env.ok(&["answer", &id.to_string(), "reject"]);
+    let t = env.wait_status(id, "failed", RUN);
+    let error = t["error"].as_str().unwrap();
+    assert!(error.starts_with("stopped: the answer rejected permission to bash"), "{error}");
+    assert!(error.contains("echo deploy-prod"), "{error}");
+    assert!(!error.contains("answer once"), "no answer instructions in a failure: {error}");
+    assert!(!env.worktree(id).join("deployed.txt").exists(), "the command never ran");
+    let branch = t["branch"].as_str().unwrap();
+    let changed = git_out(&env.repo, &["diff", "--name-only", "main", branch]);
+    assert!(!changed.contains("deployed.txt"), "{changed}");
+}
+
+#[test]
+fn get_keeps_a_multi_line_question_in_its_column_and_says_when_dependencies_are_done() {
+    let env = Env::new();
+    let mock = MockAnthropic::spawn(vec![
+        Turn::tool(
+            "question",
+            json!({"questions": [{"question": "Which one?\nThe second line says why.", "header": "Pick",
+                   "options": [{"label": "a", "description": "the first"}, {"label": "b", "description": "the second"}]}]}),
+        ),
+        result_block("Picked."),
+        result_block("Dependent done."),
+    ]);
+    let env = env.with_mock(&mock);
+    let first = env.submit(&["Ask first"]);
+    let _worker = env.start_worker(1);
+    env.wait_status(first, "waiting", RUN);
+    let shown = env.ok(&["get", &first.to_string()]);
+    assert!(
+        shown.contains("QUESTION   Which one?\n             The second line says why."),
+        "{shown}"
+    );
+    env.ok(&["answer", &first.to_string(), "a"]);
+    env.wait_status(first, "done", RUN);
+    let second = env.submit(&["After it", "--depends-on", &first.to_string()]);
+    let shown = env.ok(&["get", &second.to_string()]);
+    assert!(shown.contains(&format!("after:     {first} (all done)")), "{shown}");
+    let qa = env.ok(&["get", &first.to_string()]);
+    assert!(qa.contains("Q1: Which one?\n      The second line says why."), "{qa}");
+}

@@ -232,10 +232,24 @@ fn a_failing_check_goes_back_to_the_agent_until_it_passes_or_the_rounds_run_out(
     let t = env.wait_status(id, "failed", RUN);
     let error = t["error"].as_str().unwrap();
     assert!(
-        error.contains("verification failed after 2 rounds") && error.contains("nope"),
+        error.contains("verification failed after the agent's work and its one round of fixes")
+            && error.contains("its output ends:\nnope"),
         "{error}"
     );
     assert_eq!(t["result"]["verified"], false);
+    let log = env.log(id);
+    assert!(log.contains("(fix round 1 of 1)"), "{log}");
+
+    // A silent check says so instead of an empty tail.
+    std::fs::write(
+        env.repo.join(".taskbridge.toml"),
+        "[verify]\ncommands = [\"false\"]\nrounds = 0\n",
+    )
+    .unwrap();
+    mock.push([result_block("Done.")]);
+    let id = env.submit(&["Pass a silent check"]);
+    let error = env.wait_status(id, "failed", RUN)["error"].as_str().unwrap().to_owned();
+    assert!(error.ends_with("`false` exited 1; it printed nothing"), "{error}");
 }
 
 #[test]

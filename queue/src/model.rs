@@ -407,6 +407,17 @@ impl Ask {
     }
 
     /// The decision in one readable text (the task's `question`).
+    /// What was asked, without how to answer it (for saying what an answer did).
+    pub fn subject(&self) -> String {
+        match (self.kind, &self.permission) {
+            (AskKind::Permission, Some(p)) => {
+                let what = p.target.clone().unwrap_or_else(|| p.patterns.join(", "));
+                format!("permission to {}: {what}", p.permission)
+            }
+            _ => self.text(),
+        }
+    }
+
     pub fn text(&self) -> String {
         match self.kind {
             AskKind::Question => {

@@ -959,7 +959,7 @@ impl Worker {
         let mut rejected = resume.as_ref().and_then(|r| {
             let ask = r.ask.as_ref()?;
             match ask.parse_answer(&r.answer) {
-                Ok(queue::Answer::PermissionReject { feedback: None }) => Some(ask.text()),
+                Ok(queue::Answer::PermissionReject { feedback: None }) => Some(ask.subject()),
                 _ => None,
             }
         });
@@ -1390,9 +1390,10 @@ impl Worker {
                     None => res.verified = Some(true),
                     Some(f) if verify_round <= verify.rounds => {
                         log.line(&format!(
-                        "verification failed (round {verify_round} of {}): sending `{}`'s output back to the agent",
-                        verify.rounds, f.command
-                    ));
+                            "verification failed: sending `{}`'s output back to the agent (fix \
+                             round {verify_round} of {})",
+                            f.command, verify.rounds
+                        ));
                         prompt = format!(
                             "verification failed: `{}` exited {} in your worktree. Its output \
                          ends:\n\n{}\n\nFix it, then end as before with a taskbridge-result \
@@ -1418,13 +1419,21 @@ impl Worker {
                     Some(f) => {
                         res.verified = Some(false);
                         self.fill_diff(task, &dir, &mut res, false).await;
+                        let fixes = match verify.rounds {
+                            0 => String::new(),
+                            1 => " and its one round of fixes".to_owned(),
+                            n => format!(" and its {n} rounds of fixes"),
+                        };
+                        let output = match f.output_tail.trim() {
+                            "" => "it printed nothing".to_owned(),
+                            tail => format!("its output ends:\n{tail}"),
+                        };
                         let error = format!(
-                            "verification failed after {} rounds: `{}` exited {}; its output ends:\n{}",
-                            verify_round,
+                            "verification failed after the agent's work{fixes}: `{}` exited {}; \
+                             {output}",
                             f.command,
                             f.exit_code
                                 .map_or("without a status (timed out)".into(), |c| c.to_string()),
-                            f.output_tail
                         );
                         return Ok(Some(Outcome::FailedPermanently {
                             error,
