@@ -319,6 +319,13 @@ pub fn run(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode> {
                     {
                         outln!("{m}");
                     }
+                    if let Some(at) = worker::models::fetched_at(store)? {
+                        eprintln!(
+                            "(OpenCode's list as fetched {} ago; it is kept for an hour, and \
+                             --refresh fetches it again)",
+                            human_duration(now() - at)
+                        );
+                    }
                 }
             }
         }

@@ -161,6 +161,10 @@ fn model(ctx: &Ctx) -> (Check, Option<String>) {
     (c, Some(m))
 }
 
+/// How long the probe waits for the model: OpenCode retries an endpoint that does not answer
+/// for over a minute, and a person running doctor wants to know sooner.
+const PROBE_LIMIT: Duration = Duration::from_secs(15);
+
 /// A one-token prompt through OpenCode: the model is not only named but answers.
 fn probe(ctx: &Ctx, model: &str) -> Check {
     let Some(path) = find_program(&ctx.config.worker.opencode) else {
@@ -171,12 +175,28 @@ fn probe(ctx: &Ctx, model: &str) -> Check {
     let mut cmd = Command::new(&path);
     cmd.args(["run", "--format", "json", "-m", model, "Reply with the single word OK."])
         .current_dir(&dir);
+    let provider = model.split('/').next().unwrap_or(model);
+    // Where the provider is reached: the baseURL OpenCode's config gives it, else its default.
+    let endpoint = output(&path, &["debug", "config"], Duration::from_secs(30))
+        .ok()
+        .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
+        .and_then(|v| {
+            v.pointer(&format!("/provider/{provider}/options/baseURL"))?.as_str().map(str::to_owned)
+        })
+        .unwrap_or_else(|| "its default endpoint".to_owned());
+    let who = format!("{model} (provider {provider}, {endpoint})");
     let started = Instant::now();
-    let out = run_limited(&mut cmd, Duration::from_secs(120));
+    let out = run_limited(&mut cmd, PROBE_LIMIT);
     let _ = std::fs::remove_dir_all(&dir);
     let out = match out {
         Ok(o) => o,
-        Err(e) => return fail(format!("probe: could not run OpenCode: {e}"), "see above"),
+        Err(e) => {
+            return fail(
+                format!("probe: {who} did not answer: {e}"),
+                "check that the endpoint is up and reachable and the provider's key is right \
+                 (`opencode auth login`), or choose another model",
+            );
+        }
     };
     let mut run = worker::events::RunLog::default();
     for line in String::from_utf8_lossy(&out.stdout).lines() {
@@ -187,11 +207,11 @@ fn probe(ctx: &Ctx, model: &str) -> Check {
             ok(format!("probe: {model} answered in {:.1} s", started.elapsed().as_secs_f64()))
         }
         (Some(e), _) => fail(
-            format!("probe: {model} did not answer: {e}"),
+            format!("probe: {who} did not answer: {e}"),
             "check the provider's key (`opencode auth login`) and endpoint, or choose another model",
         ),
         _ => fail(
-            format!("probe: {model} gave no answer (opencode exited with {})", out.status),
+            format!("probe: {who} gave no answer (opencode exited with {})", out.status),
             "run `opencode run -m MODEL hi` to see OpenCode's own error",
         ),
     }

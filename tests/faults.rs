@@ -646,3 +646,40 @@ fn get_keeps_a_multi_line_question_in_its_column_and_says_when_dependencies_are_
     let qa = env.ok(&["get", &first.to_string()]);
     assert!(qa.contains("Q1: Which one?\n      The second line says why."), "{qa}");
 }
+
+#[test]
+fn doctor_checks_a_model_against_a_fresh_list_when_the_cached_one_lacks_it() {
+    // First without the provider set up: OpenCode's list (cached) has none of its models.
+    let mut env = Env::new();
+    env.opencode_config = Some(json!({"autoupdate": false, "share": "disabled"}).to_string());
+    env.extra_env.push(("ANTHROPIC_API_KEY".into(), String::new()));
+    let before = env.run(&["list-models"]);
+    let listed = String::from_utf8_lossy(&before.stdout).into_owned();
+    assert!(!listed.lines().any(|m| m == support::MODEL), "no key, no model: {listed}");
+    assert!(String::from_utf8_lossy(&before.stderr).contains("as fetched 0s ago"), "{before:?}");
+    // Then the provider is configured, within the cache's hour.
+    let mock = MockAnthropic::spawn(vec![]);
+    let env = env.with_mock(&mock);
+    let doctor = env.run(&["doctor"]);
+    let text = String::from_utf8_lossy(&doctor.stdout);
+    assert!(text.contains(&format!("ok    model {}", support::MODEL)), "{text}");
+    assert!(!text.contains("unknown model"), "{text}");
+}
+
+#[test]
+fn doctor_probe_against_a_dead_endpoint_gives_up_soon_naming_model_provider_and_url() {
+    let mut env = Env::new();
+    // A loopback port nothing listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let url = format!("http://127.0.0.1:{port}/v1");
+    env.opencode_config = Some(
+        json!({"provider": {"anthropic": {"options": {"baseURL": url, "apiKey": "k"}}},
+               "autoupdate": false, "share": "disabled"})
+        .to_string(),
+    );
+    let out = env.run(&["doctor", "--probe"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().find(|l| l.contains("probe:")).unwrap_or_else(|| panic!("{text}"));
+    assert!(line.starts_with("FAIL"), "{text}");
+    assert!(line.contains(&format!("{} (provider anthropic, {url})", support::MODEL)), "{line}");
+}

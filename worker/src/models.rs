@@ -67,6 +67,15 @@ pub fn list_models(
     })
 }
 
+/// When the cached list of OpenCode's models was fetched (seconds since the epoch), if there is
+/// one.
+pub fn fetched_at(store: &Store) -> Result<Option<f64>> {
+    Ok(store
+        .setting(CACHE_KEY)?
+        .and_then(|v| serde_json::from_str::<(f64, Vec<String>)>(&v).ok())
+        .map(|(at, _)| at))
+}
+
 /// What a check of a model name against OpenCode's list found.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ModelCheck {
@@ -85,10 +94,18 @@ pub fn check_model(store: &Store, opencode: &Path, model: &str) -> Result<ModelC
              (`taskbridge list-models` lists them)"
         )));
     }
-    let models = match list_models(store, opencode, None, false) {
+    let mut models = match list_models(store, opencode, None, false) {
         Ok(m) => m,
         Err(e) => return Ok(ModelCheck::Unverified(e.to_string())),
     };
+    if !models.iter().any(|m| m == model) {
+        // The cached list may be from before the provider was set up: a name is called unknown
+        // only by a list fetched now.
+        models = match list_models(store, opencode, None, true) {
+            Ok(m) => m,
+            Err(e) => return Ok(ModelCheck::Unverified(e.to_string())),
+        };
+    }
     if models.iter().any(|m| m == model) {
         return Ok(ModelCheck::Known);
     }
