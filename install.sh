@@ -70,6 +70,11 @@ fi
 if [ "$code" = yes ] || { [ "$code" = ask ] && ask "Register TaskBridge with Claude Code (user scope)?"; }; then
   "$bin" config claude-code --write
 fi
+# Claude Desktop exists for macOS and Windows only: on Linux it is not offered unless asked for.
+if [ "$desktop" = ask ] && [ "$(uname -s)" = Linux ]; then
+  desktop=no
+  echo "Claude Desktop runs on macOS and Windows only, so it is not registered here (--claude-desktop registers it anyway)."
+fi
 if [ "$desktop" = yes ] || { [ "$desktop" = ask ] && ask "Register TaskBridge with Claude Desktop?"; }; then
   "$bin" config claude-desktop --write
 fi

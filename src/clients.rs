@@ -171,6 +171,20 @@ pub fn run(client: &str, write: bool, home: &Path, http_url: &str) -> anyhow::Re
                     outln!("the previous file is kept as {}", b.display());
                 }
             } else {
+                let registered = home_dir()?.join(".claude.json");
+                let already = std::fs::read_to_string(&registered)
+                    .ok()
+                    .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+                    .is_some_and(|d| d.pointer("/mcpServers/taskbridge").is_some());
+                if already {
+                    // `claude mcp add` refuses a name that exists ("already exists").
+                    outln!(
+                        "# TaskBridge is already registered with Claude Code (user scope, in {}); \
+                         to register it again, remove it first:",
+                        registered.display()
+                    );
+                    outln!("claude mcp remove taskbridge -s user");
+                }
                 for line in claude_code_lines(home, &exe, http_url) {
                     outln!("{line}");
                 }

@@ -61,3 +61,20 @@ fn config_claude_code_write_registers_a_server_that_connects() {
     let list = claude(&env, "claude mcp list");
     assert!(listed(&list, "taskbridge").contains("Connected"), "{list}");
 }
+
+#[test]
+fn config_claude_code_says_when_taskbridge_is_registered_and_its_remove_line_makes_room() {
+    let env = Env::new();
+    env.ok(&["config", "claude-code", "--write"]);
+    let printed = env.ok(&["config", "claude-code"]);
+    assert!(printed.contains("# TaskBridge is already registered with Claude Code"), "{printed}");
+    let remove = printed.lines().find(|l| l.starts_with("claude mcp remove")).unwrap();
+    let add = printed.lines().find(|l| l.starts_with("claude mcp add")).unwrap();
+    // As printed, in order: the remove line lets the add line through.
+    claude(&env, remove);
+    claude(&env, add);
+    let list = claude(&env, "claude mcp list");
+    assert!(listed(&list, "taskbridge").contains("Connected"), "{list}");
+    claude(&env, "claude mcp remove taskbridge -s user");
+    assert!(!env.ok(&["config", "claude-code"]).contains("already registered"));
+}

@@ -308,7 +308,9 @@ fn install_sh_yes_installs_and_registers_in_a_fresh_home() {
     assert!(
         claude["mcpServers"]["taskbridge"]["command"].as_str().unwrap().ends_with("bin/taskbridge")
     );
-    assert!(home.join(".config/Claude/claude_desktop_config.json").exists());
+    // Claude Desktop has no Linux build: not registered here, and the script says why.
+    assert!(!home.join(".config/Claude/claude_desktop_config.json").exists());
+    assert!(stdout.contains("Claude Desktop runs on macOS and Windows only"), "{stdout}");
     let opencode: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(home.join(".config/opencode/opencode.json")).unwrap(),
     )
