@@ -439,3 +439,50 @@ fn the_plan_view_shows_a_stacked_task_and_m_merges_it() {
     assert_eq!(std::fs::read_to_string(env.repo.join("tests.txt")).unwrap(), "tests\n");
     assert_eq!(env.show(a)["merged_into"], "main", "the dependency came with it");
 }
+
+/// A done task's detail has what `get` has (files, tests, commit); a task made with `n` is
+/// selected once submitted; a question's detail lists what each option means.
+#[test]
+fn the_detail_shows_a_done_tasks_work_and_a_new_task_is_selected() {
+    let env = Env::new();
+    let mock = MockAnthropic::spawn(vec![
+        Turn::bash("echo greeting > hello.txt && sh test.sh"),
+        Turn::text(
+            "Done.\n```taskbridge-result\n{\"summary\": \"Greeted.\", \"tests_run\": [\"sh test.sh\"]}\n```",
+        ),
+        Turn::tool(
+            "question",
+            serde_json::json!({"questions": [{
+                "question": "Which greeting?",
+                "header": "Greeting",
+                "options": [
+                    {"label": "hello", "description": "the usual one"},
+                    {"label": "hi", "description": "a short one"},
+                ],
+            }]}),
+        ),
+    ]);
+    let env = env.with_mock(&mock);
+    let first = env.submit(&["Greet", "--title", "greeting task"]);
+    let tmux = start_tui(&env, "--listen 127.0.0.1:0 --concurrency 1", 130);
+    let t = env.wait_status(first, "done", Duration::from_secs(120));
+    let commit = t["result"]["commit"].as_str().unwrap()[..12].to_owned();
+    tmux.wait_for("greeting task");
+    tmux.keys(&["Enter"]);
+    let screen = tmux.wait_for("Files touched");
+    assert!(screen.contains("hello.txt"), "{screen}");
+    assert!(screen.contains("Tests run") && screen.contains("sh test.sh  exit 0"), "{screen}");
+    assert!(screen.contains(&format!("commit {commit}")), "{screen}");
+
+    tmux.keys(&["Escape", "n"]);
+    tmux.wait_for(&env.repo.display().to_string());
+    tmux.text("Ask which greeting");
+    tmux.keys(&["C-s"]);
+    tmux.wait_for("task 2 submitted");
+    env.wait_status(2, "waiting", Duration::from_secs(120));
+    tmux.keys(&["Enter"]);
+    let screen = tmux.wait_for("Which greeting?");
+    assert!(screen.contains("#2 "), "the new task is the one selected:\n{screen}");
+    assert!(screen.contains("- hello: the usual one"), "{screen}");
+    assert!(screen.contains("- hi: a short one"), "{screen}");
+}

@@ -878,13 +878,14 @@ pub struct ListFilter {
 }
 
 /// An amount in US dollars as people read small spends: cents for a dollar or more, else two
-/// significant digits (`$0.0031`, not `$0.00`), never fewer than two decimals.
+/// significant digits (`$0.0031`, not `$0.00`; up to three, `$0.0123`), never fewer than two
+/// decimals.
 pub fn usd(amount: f64) -> String {
     if !amount.is_finite() || amount == 0.0 {
         return "$0.00".into();
     }
     let magnitude = amount.abs().log10().floor() as i32;
-    let decimals = (1 - magnitude).clamp(2, 8) as usize;
+    let decimals = (2 - magnitude).clamp(2, 8) as usize;
     let mut s = format!("{amount:.decimals$}");
     while decimals > 2 && s.ends_with('0') && s.len() - s.find('.').unwrap_or(0) > 3 {
         s.pop();
@@ -902,12 +903,14 @@ mod tests {
     #[test]
     fn small_spends_show_their_significant_digits() {
         let shown: Vec<String> =
-            [0.0, 0.0031, 0.003, 0.00314159, 0.03, 0.5, 1.0, 12.345, -0.0042].map(usd).into();
+            [0.0, 0.0031, 0.003, 0.00314159, 0.0123, 0.03, 0.5, 1.0, 12.345, -0.0042]
+                .map(usd)
+                .into();
         assert_eq!(
             shown,
             [
-                "$0.00", "$0.0031", "$0.003", "$0.0031", "$0.03", "$0.50", "$1.00", "$12.35",
-                "-$0.0042"
+                "$0.00", "$0.0031", "$0.003", "$0.00314", "$0.0123", "$0.03", "$0.50", "$1.00",
+                "$12.35", "-$0.0042"
             ]
         );
     }

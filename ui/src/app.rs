@@ -262,7 +262,8 @@ pub enum Event {
     },
     OpDone(Result<String, String>),
     /// The queue's answer to the new-task dialog.
-    Submitted(Result<String, String>),
+    /// The new task's id and what to say, or why it was refused.
+    Submitted(Result<(i64, String), String>),
     Header(Header),
 }
 
@@ -297,6 +298,8 @@ pub struct DiffView {
 pub struct Model {
     pub keymap: Keymap,
     pub rows: Vec<TaskRow>,
+    /// The task to select at the next load (one just submitted from the form).
+    pub select_next: Option<i64>,
     pub counts: BTreeMap<String, i64>,
     pub workers_alive: usize,
     /// The hosts the live workers run on, each once.
@@ -356,6 +359,7 @@ impl Model {
         Model {
             keymap,
             rows: Vec::new(),
+            select_next: None,
             counts: BTreeMap::new(),
             workers_alive: 0,
             worker_hosts: Vec::new(),
@@ -501,9 +505,11 @@ impl Model {
                 vec![Effect::Reload]
             }
             Event::Submitted(r) => match r {
-                Ok(m) => {
+                Ok((id, m)) => {
                     self.popup = None;
                     self.message = Some(m);
+                    // The next load selects it: the person wants to see what they just made.
+                    self.select_next = Some(id);
                     vec![Effect::Reload]
                 }
                 Err(e) => {
@@ -557,7 +563,7 @@ impl Model {
         counts: BTreeMap<String, i64>,
         workers: Vec<String>,
     ) -> Vec<Effect> {
-        let keep = self.selected_id();
+        let keep = self.select_next.take().or_else(|| self.selected_id());
         let mut effects = Vec::new();
         // Notify on transitions into waiting, done and failed (not on the first load).
         for r in &rows {

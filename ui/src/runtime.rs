@@ -6,7 +6,7 @@ use crossterm::event::{Event as TermEvent, EventStream, KeyEventKind};
 use futures::StreamExt;
 use queue::{Home, Store, TaskId};
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc;
@@ -281,10 +281,11 @@ impl Effects {
             }
             Effect::Queue(op) => {
                 let (cwd, opencode) = (self.cwd.clone(), self.opencode.clone());
-                let submit = matches!(op, Op::Submit { .. });
-                tokio::task::spawn_blocking(move || {
-                    let r = apply(&store, &cwd, &opencode, op);
-                    send(if submit { Event::Submitted(r) } else { Event::OpDone(r) });
+                tokio::task::spawn_blocking(move || match op {
+                    Op::Submit { prompt, repo } => {
+                        send(Event::Submitted(submit(&store, &cwd, &opencode, prompt, &repo)))
+                    }
+                    op => send(Event::OpDone(apply(&store, &cwd, &opencode, op))),
                 });
             }
         }
@@ -397,18 +398,30 @@ fn apply(
         Op::Note(id, text) => {
             store.add_note(TaskId(id), &text).map(|_| format!("task {id}: note added")).map_err(e)
         }
-        Op::Submit { prompt, repo } => {
-            // `~/…` as a shell would read it.
-            let repo = match (repo.strip_prefix("~/"), std::env::var_os("HOME")) {
-                (Some(rest), Some(home)) => PathBuf::from(home).join(rest),
-                _ => PathBuf::from(repo),
-            };
-            worker::submit(store, cwd, opencode, worker::SubmitRequest::new(prompt, repo))
-                .map(|(t, _, warnings)| match warnings.first() {
-                    Some(w) => format!("task {} submitted; {w}", t.id.0),
-                    None => format!("task {} submitted", t.id.0),
-                })
-                .map_err(|e| e.to_string())
-        }
+        Op::Submit { prompt, repo } => submit(store, cwd, opencode, prompt, &repo).map(|(_, m)| m),
     }
+}
+
+/// The new task form's submit: the new task's id, and what to tell the person.
+fn submit(
+    store: &Store,
+    cwd: &Path,
+    opencode: &Path,
+    prompt: String,
+    repo: &str,
+) -> Result<(i64, String), String> {
+    // `~/…` as a shell would read it.
+    let repo = match (repo.strip_prefix("~/"), std::env::var_os("HOME")) {
+        (Some(rest), Some(home)) => PathBuf::from(home).join(rest),
+        _ => PathBuf::from(repo),
+    };
+    worker::submit(store, cwd, opencode, worker::SubmitRequest::new(prompt, repo))
+        .map(|(t, _, warnings)| {
+            let said = match warnings.first() {
+                Some(w) => format!("task {} submitted; {w}", t.id.0),
+                None => format!("task {} submitted", t.id.0),
+            };
+            (t.id.0, said)
+        })
+        .map_err(|e| e.to_string())
 }

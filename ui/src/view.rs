@@ -412,6 +412,16 @@ fn draw_detail(m: &Model, f: &mut Frame, area: Rect) {
         for l in q.lines() {
             lines.push(Line::styled(l.to_owned(), Style::new().fg(Color::Magenta)));
         }
+        // The options with what each means, as the answer dialog shows them.
+        for aq in t.ask.iter().flat_map(|a| &a.questions) {
+            for o in &aq.options {
+                let d = o.description.as_deref().map(|d| format!(": {d}")).unwrap_or_default();
+                lines.push(Line::styled(
+                    format!("  - {}{d}", o.label),
+                    Style::new().fg(Color::DarkGray),
+                ));
+            }
+        }
     }
     for (i, q) in t.questions.iter().enumerate().filter(|(_, q)| q.answer.is_some()) {
         section(&mut lines, &format!("Q&A {}", i + 1));
@@ -429,6 +439,14 @@ fn draw_detail(m: &Model, f: &mut Frame, area: Rect) {
         if !r.summary.is_empty() {
             section(&mut lines, "Summary");
             lines.extend(r.summary.lines().map(|l| Line::from(l.to_owned())));
+        }
+        match (&r.commit, r.no_changes) {
+            (Some(c), _) => lines.push(Line::from(format!("commit {}", &c[..c.len().min(12)]))),
+            (None, true) => lines.push(Line::styled(
+                "no changes: the agent said it was done without changing a file",
+                Style::new().fg(Color::Yellow),
+            )),
+            _ => {}
         }
         if !r.files_touched.is_empty() {
             section(&mut lines, "Files touched");

@@ -192,7 +192,7 @@ fn retry_priority_note_submit_and_filter() {
             repo: "/home/me/src/app".into()
         })]
     );
-    m.handle(Event::Submitted(Ok("task 6 submitted".into())));
+    m.handle(Event::Submitted(Ok((6, "task 6 submitted".into()))));
     assert!(m.popup.is_none());
     assert_eq!(ch(&mut m, 'f'), vec![Effect::Reload]);
     assert_eq!(taskbridge_ui::app::filter_name(m.filter), "queued");
@@ -270,7 +270,7 @@ fn the_new_task_dialog_asks_for_the_repository_and_keeps_the_text_when_it_is_ref
     let fx = ctrl(&mut m, 's');
     let op = Op::Submit { prompt: "Add a health endpoint".into(), repo: "../api".into() };
     assert_eq!(fx, vec![Effect::Queue(op)]);
-    m.handle(Event::Submitted(Ok("task 8 submitted".into())));
+    m.handle(Event::Submitted(Ok((8, "task 8 submitted".into()))));
     assert!(m.popup.is_none());
 }
 
