@@ -683,3 +683,79 @@ fn doctor_probe_against_a_dead_endpoint_gives_up_soon_naming_model_provider_and_
     assert!(line.starts_with("FAIL"), "{text}");
     assert!(line.contains(&format!("{} (provider anthropic, {url})", support::MODEL)), "{line}");
 }
+
+/// A world on `of`'s repository and the queue `db`, with a home of its own.
+fn same_repository(of: &Env, db: &Path) -> Env {
+    let mut other = Env::new();
+    other.repo = of.repo.clone();
+    other.db = Some(db.display().to_string());
+    other
+}
+
+#[test]
+fn a_second_queue_on_the_same_home_steps_around_the_first_queues_worktrees_and_branches() {
+    let env = Env::new();
+    let mock = MockAnthropic::spawn(vec![
+        Turn::bash("echo first > first.txt"),
+        result_block("First queue's task 1."),
+        Turn::bash("echo second > second.txt"),
+        result_block("Second queue's task 1."),
+    ]);
+    let env = env.with_mock(&mock);
+    let one = env.submit(&["First queue", "--keep-worktree"]);
+    let mut w = env.start_worker_with(1, &["--opencode", "run"]);
+    let t1 = env.wait_status(one, "done", RUN);
+    w.terminate();
+    // The same home (and repository) on a second queue: its task numbers start at 1 again.
+    let mut second = same_repository(&env, &env.dir.path().join("second.db"));
+    second.home = env.home.clone();
+    let second = second.with_mock(&mock);
+    let two = second.submit(&["Second queue"]);
+    assert_eq!(two, one, "both queues have a task {one}");
+    let _w2 = second.start_worker_with(1, &["--opencode", "run"]);
+    let t2 = second.wait_status(two, "done", RUN);
+    assert_eq!(files(&t2), ["second.txt"], "{}", second.log(two));
+    assert_ne!(t2["worktree"], t1["worktree"], "a directory of its own");
+    assert_ne!(t2["branch"], t1["branch"], "a branch of its own");
+    // The first queue's kept worktree and branch are as it left them.
+    let kept = PathBuf::from(t1["worktree"].as_str().unwrap());
+    assert!(kept.join("first.txt").exists() && !kept.join("second.txt").exists());
+    let b1 = t1["branch"].as_str().unwrap();
+    assert_eq!(git_out(&env.repo, &["rev-parse", b1]), t1["result"]["commit"].as_str().unwrap());
+}
+
+#[test]
+fn a_task_left_running_by_another_homes_dead_worker_runs_here_on_a_branch_of_its_own() {
+    let env = Env::new();
+    let mock = MockAnthropic::spawn(vec![sleeper("pgid.txt"), result_block("Ran here.")]);
+    let env = env.with_mock(&mock);
+    let id = env.submit(&["Sleep, then finish"]);
+    let mut first = env.start_worker_with(1, &["--opencode", "run"]);
+    let pgid = read_pgid(&env.worktree(id).join("pgid.txt"));
+    let left = env.show(id);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(first.pid() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    first.0.wait().unwrap();
+    let _ = nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(pgid),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    // Another home on the same queue and repository; the first home's worktree still holds the
+    // task's branch.
+    let other = same_repository(&env, &env.home.join("taskbridge.db")).with_mock(&mock);
+    let _w = other.start_worker_with(1, &["--opencode", "run"]);
+    let t = env.wait_task(id, RUN, |t| t["status"] == "done" || t["status"] == "failed");
+    let log = env.log(id);
+    assert_eq!(t["status"], "done", "{t:#}\n{log}\n{}", other.log(id));
+    assert_ne!(t["branch"], left["branch"], "{t:#}");
+    assert!(
+        log.contains("this attempt starts afresh on") || other.log(id).contains("starts afresh on")
+    );
+    assert!(
+        PathBuf::from(left["worktree"].as_str().unwrap()).exists(),
+        "the other home's worktree is left alone"
+    );
+}

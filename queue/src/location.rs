@@ -8,7 +8,7 @@
 
 use crate::error::{Error, Result};
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 #[derive(Clone)]
@@ -91,6 +91,28 @@ impl Location {
     /// True when other hosts may share this queue (tasks must then carry a fetchable base).
     pub fn is_shared(&self) -> bool {
         matches!(self, Location::Postgres(_))
+    }
+
+    /// A short name for this queue that stays the same across processes and hosts (eight hex
+    /// digits of a hash of the file's real path, or of the server, database and schema), for
+    /// what must not collide between two queues used from one home: worktree directories.
+    pub fn key(&self) -> String {
+        let id = match self {
+            // The directory's real path and the file's name: the same before the file exists
+            // as after.
+            Location::Sqlite(p) => {
+                let dir =
+                    p.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+                let real = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+                real.join(p.file_name().unwrap_or_default()).display().to_string()
+            }
+            Location::Postgres(u) => format!("{}#{}", u.redacted, u.schema),
+        };
+        // FNV-1a: stable across builds and platforms, unlike the standard library's hasher.
+        let hash = id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+        });
+        format!("{:08x}", hash as u32)
     }
 
     pub fn backend(&self) -> &'static str {

@@ -350,8 +350,18 @@ impl Env {
         self.wait_task(id, timeout, |t| t["status"] == status)
     }
 
+    /// Task `id`'s worktree (before it runs, where it will be): `worktrees/task-<id>` on the
+    /// home's own queue, `worktrees/q-<queue key>/task-<id>` on any other.
     pub fn worktree(&self, id: i64) -> PathBuf {
-        self.home.join(format!("worktrees/task-{id}"))
+        let worktrees = self.home.join("worktrees");
+        let own_db = self.home.join("taskbridge.db");
+        match &self.db {
+            Some(db) if Path::new(db) != own_db => {
+                let key = queue::Location::parse(db).unwrap().key();
+                worktrees.join(format!("q-{key}/task-{id}"))
+            }
+            _ => worktrees.join(format!("task-{id}")),
+        }
     }
 
     pub fn log(&self, id: i64) -> String {

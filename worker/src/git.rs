@@ -313,6 +313,9 @@ fn free_branch(
 #[derive(Debug, Clone, PartialEq)]
 pub struct Prepared {
     pub branch: String,
+    /// Where the worktree is: the directory asked for, or a fresh one beside it when that held
+    /// another task's worktree (another queue's, on the same home).
+    pub dir: PathBuf,
     /// True when the worktree was made now (set-up commands run), false when it was reused.
     pub created: bool,
     /// What was repaired on the way, for the task log.
@@ -389,7 +392,8 @@ fn registrations(repo: &Repository) -> Vec<Registration> {
         .collect()
 }
 
-fn same_path(a: &Path, b: &Path) -> bool {
+/// Whether two paths name the same file or directory (either may be reached through a symlink).
+pub fn same_path(a: &Path, b: &Path) -> bool {
     a == b || matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if x == y)
 }
 
@@ -470,8 +474,10 @@ pub fn prepare_worktree(
     let _lock = RepoLock::acquire(&repo)?;
     let base_commit = base_commit(&repo, repo_path, base)?;
     let mut repairs = Vec::new();
+    let asked = dir;
+    let mut dir = dir.to_path_buf();
 
-    if let Some(wt) = finished_worktree(dir) {
+    if let Some(wt) = finished_worktree(&dir) {
         let on = wt.head().ok().and_then(|h| h.shorthand().ok().map(str::to_owned));
         // This task's own worktree: on the branch it recorded, or, before it recorded one, on a
         // name its first run could have chosen.
@@ -481,15 +487,19 @@ pub fn prepare_worktree(
             (None, _) => false,
         };
         if let (true, Some(branch)) = (ours, on.clone()) {
-            return Ok(Prepared { branch, created: false, repairs });
+            return Ok(Prepared { branch, dir, created: false, repairs });
         }
-        let branch = known_branch.map_or_else(|| branch_name(task_id), str::to_owned);
-        return Err(permanent(format!(
-            "'{}' is a worktree on {} rather than {branch}; move it away, then retry the task",
-            dir.display(),
-            on.unwrap_or_else(|| "no branch".into())
-        )));
+        // Another task's worktree (another queue's task of the same number, on this home): it
+        // is left alone, and this task steps around it.
+        dir = free_dir(asked);
+        repairs.push(format!(
+            "{} is another task's worktree (on {}); this one goes in {}",
+            asked.display(),
+            on.unwrap_or_else(|| "no branch".into()),
+            dir.display()
+        ));
     }
+    let dir = dir.as_path();
 
     // A directory that is not a finished worktree: a checkout a crash cut short, or something
     // else.
@@ -524,10 +534,27 @@ pub fn prepare_worktree(
         }
     }
 
-    let branch = match known_branch {
+    let mut branch = match known_branch {
         Some(b) => b.to_owned(),
         None => free_branch(&repo, task_id, &base_commit)?,
     };
+    // The task's branch checked out in a live worktree elsewhere (another home's, whose worker
+    // stopped with the task running): that worktree is not ours to remove, so this attempt
+    // starts afresh on a branch of its own.
+    let held = format!("refs/heads/{branch}");
+    if let Some(other) = registrations(&repo).into_iter().find(|r| {
+        r.head.as_deref() == Some(held.as_str())
+            && !(same_path(&r.path, dir) || r.path == dir)
+            && opens(&r.path)
+    }) {
+        let fresh = free_branch(&repo, task_id, &base_commit)?;
+        repairs.push(format!(
+            "branch {branch} is checked out in another worktree at '{}'; this attempt starts \
+             afresh on {fresh}",
+            other.path.display()
+        ));
+        branch = fresh;
+    }
     // Registrations that point at our directory, or that hold our branch in a directory that
     // is gone, are stale: only the registration is removed (the directory was dealt with above).
     let ours = format!("refs/heads/{branch}");
@@ -538,10 +565,9 @@ pub fn prepare_worktree(
             continue;
         }
         if !at_dir && opens(&reg.path) {
-            return Err(permanent(format!(
-                "branch {branch} is checked out in another worktree at '{}'; remove it with \
-                 `git worktree remove {}`, then retry the task",
-                reg.path.display(),
+            // Stepped around above; a registration that appeared since is left alone too.
+            return Err(transient(format!(
+                "branch {branch} was checked out in another worktree at '{}' just now",
                 reg.path.display()
             )));
         }
@@ -571,7 +597,15 @@ pub fn prepare_worktree(
     let name = worktree_name(&branch);
     repo.worktree(&name, dir, Some(WorktreeAddOptions::new().reference(Some(&reference))))
         .map_err(transient)?;
-    Ok(Prepared { branch, created: true, repairs })
+    Ok(Prepared { branch, dir: dir.to_path_buf(), created: true, repairs })
+}
+
+/// `<dir>-2`, `<dir>-3`, …: the first that does not exist.
+fn free_dir(dir: &Path) -> PathBuf {
+    (2u32..)
+        .map(|k| PathBuf::from(format!("{}-{k}", dir.display())))
+        .find(|d| !d.exists())
+        .unwrap_or_else(|| dir.to_path_buf())
 }
 
 /// The task's base commit, or a permanent error saying it is gone.
@@ -621,7 +655,7 @@ pub fn reuse_worktree(
     let mut checkout = git2::build::CheckoutBuilder::new();
     checkout.force().remove_untracked(true).remove_ignored(true);
     wt.checkout_head(Some(&mut checkout)).map_err(transient)?;
-    Ok(Prepared { branch, created: true, repairs: vec![] })
+    Ok(Prepared { branch, dir: dir.to_path_buf(), created: true, repairs: vec![] })
 }
 
 /// Removes a worktree whose work is committed, and its registration; the branch stays.
@@ -978,7 +1012,7 @@ mod tests {
     }
 
     #[test]
-    fn the_branch_in_a_stale_worktree_is_freed_but_a_live_one_is_named() {
+    fn the_branch_in_a_stale_worktree_is_freed_but_a_live_one_is_stepped_around() {
         let r = repo();
         let base = resolve_repo(r.path(), None).unwrap().base;
         let root = tempfile::tempdir().unwrap();
@@ -988,15 +1022,17 @@ mod tests {
             &["worktree", "add", other.to_str().unwrap(), "-b", "taskbridge/task-7", &base],
         );
         let wt = root.path().join("task-7");
-        // A task that recorded this branch: live elsewhere, nothing is touched, and the error
-        // says what to do; no retry would change it.
-        let e =
-            prepare_worktree(r.path(), &base, 7, Some("taskbridge/task-7"), &wt, None).unwrap_err();
-        assert!(e.permanent && e.message.contains("git worktree remove"), "{e}");
+        // A task that recorded this branch: live elsewhere (another home's worktree), it is not
+        // touched, and this attempt starts afresh on a branch of its own, saying so.
+        let p = prepare_worktree(r.path(), &base, 7, Some("taskbridge/task-7"), &wt, None).unwrap();
+        assert_eq!(p.branch, "taskbridge/task-7-2");
+        assert!(p.repairs.iter().any(|r| r.contains("starts afresh on taskbridge/task-7-2")));
         assert!(other.join("a.txt").exists());
         // Stale: its directory is gone, so the branch is the task's to check out again.
         std::fs::remove_dir_all(&other).unwrap();
-        let p = prepare_worktree(r.path(), &base, 7, Some("taskbridge/task-7"), &wt, None).unwrap();
+        let wt2 = root.path().join("task-7-again");
+        let p =
+            prepare_worktree(r.path(), &base, 7, Some("taskbridge/task-7"), &wt2, None).unwrap();
         assert_eq!(p.branch, "taskbridge/task-7");
     }
 

@@ -787,7 +787,7 @@ impl Worker {
             .clone()
             .or_else(|| spare.clone())
             .or_else(|| at_parents.clone())
-            .unwrap_or_else(|| self.home.worktrees_dir().join(format!("task-{}", id.0)));
+            .unwrap_or_else(|| self.queue_worktrees().join(format!("task-{}", id.0)));
         let (repo, base, d) = (PathBuf::from(&task.repo), start.clone(), dir.clone());
         let known = task.branch.clone();
         let pause = self.cfg.fault_worktree_pause;
@@ -835,6 +835,9 @@ impl Worker {
             log.line(&format!("repaired: {r}"));
             tracing::warn!(task = %id, "{r}");
         }
+        // The directory the worktree is in: another task's worktree at the one asked for is
+        // stepped around (see `git::prepare_worktree`).
+        let dir = prepared.dir.clone();
         let branch = prepared.branch.clone();
         log.line(&format!("worktree {} on branch {branch}", dir.display()));
         let facts = RunFacts {
@@ -1683,6 +1686,20 @@ impl Worker {
         // task is using.
         self.save_spares();
         Some(dir)
+    }
+
+    /// Where this queue's new worktrees go: the home's `worktrees/` for the home's own queue,
+    /// `worktrees/q-<queue key>/` for any other (another SQLite file, a PostgreSQL schema), so
+    /// that two queues used from one home, whose task numbers both start at 1, never meet in
+    /// one directory.
+    fn queue_worktrees(&self) -> PathBuf {
+        let location = self.store.location();
+        match location {
+            queue::Location::Sqlite(p) if git::same_path(p, &self.home.db_path()) => {
+                self.home.worktrees_dir()
+            }
+            _ => self.home.worktrees_dir().join(format!("q-{}", location.key())),
+        }
     }
 
     /// Takes this worker's spare worktree at `dir`, if it keeps one there.

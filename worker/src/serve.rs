@@ -223,12 +223,6 @@ fn render_transcript(messages: &Value) -> String {
     )
 }
 
-/// Whether two paths name the same directory (a worktree may be reached through a symlink).
-fn same_dir(a: &Path, b: &Path) -> bool {
-    let real = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
-    a == b || real(a) == real(b)
-}
-
 fn io_err(e: impl std::fmt::Display) -> std::io::Error {
     std::io::Error::other(e.to_string())
 }
@@ -833,7 +827,7 @@ impl ServeAgent {
         }
         let info: Value = resp.json().await.map_err(io_err)?;
         let there = info["directory"].as_str().unwrap_or_default();
-        Ok(if same_dir(Path::new(there), dir) {
+        Ok(if crate::git::same_path(Path::new(there), dir) {
             Located::Here
         } else {
             Located::Elsewhere(there.to_owned())
