@@ -13,21 +13,7 @@ use support::*;
 
 const RUN: Duration = Duration::from_secs(120);
 
-fn result_block(summary: &str) -> Turn {
-    Turn::text(format!(
-        "Done.\n\n```taskbridge-result\n{}\n```",
-        json!({"summary": summary, "tests_run": [], "open_questions": []})
-    ))
-}
-
-fn files(t: &Value) -> Vec<String> {
-    t["result"]["files_touched"]
-        .as_array()
-        .unwrap_or_else(|| panic!("no files in {t:#}"))
-        .iter()
-        .map(|f| f["path"].as_str().unwrap().to_owned())
-        .collect()
-}
+use support::{result_turn as result_block, touched_paths as files};
 
 /// Every directory under the home's `worktrees/`, spares included.
 fn worktree_dirs(env: &Env) -> Vec<PathBuf> {
@@ -334,19 +320,8 @@ fn a_note_the_agent_never_got_because_its_task_ended_first_says_so() {
     assert!(mock.requests().iter().all(|r| !r.to_string().contains("Too late")));
 }
 
-/// A raw HTTP POST to `/mcp` with `headers`; the status and the whole response.
 fn mcp_post(port: u16, headers: &str, body: &str) -> (u16, String) {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    write!(
-        s,
-        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n{headers}Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).unwrap();
-    (resp.split_whitespace().nth(1).unwrap().parse().unwrap(), resp)
+    post_with(port, "127.0.0.1", headers, body)
 }
 
 /// A new MCP session on the server at `port`, initialized; its id.

@@ -13,21 +13,7 @@ use support::*;
 
 const RUN: Duration = Duration::from_secs(120);
 
-fn result_block(summary: &str) -> Turn {
-    Turn::text(format!(
-        "Done.\n\n```taskbridge-result\n{}\n```",
-        json!({"summary": summary, "tests_run": [], "open_questions": []})
-    ))
-}
-
-fn files(t: &Value) -> Vec<String> {
-    t["result"]["files_touched"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f["path"].as_str().unwrap().to_owned())
-        .collect()
-}
+use support::{result_turn as result_block, touched_paths as files};
 
 /// The first request the mock got for task `id` (its prompt names it).
 fn first_request_of(mock: &MockAnthropic, id: i64) -> String {

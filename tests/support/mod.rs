@@ -5,7 +5,7 @@
 pub mod mock_anthropic;
 pub mod mock_openai;
 
-use serde_json::Value;
+use serde_json::{Value, json};
 use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -480,17 +480,43 @@ pub fn post(port: u16, host: &str, token: Option<&str>) -> u16 {
 
 /// A raw HTTP POST; returns the status code and the whole response.
 pub fn post_body(port: u16, host: &str, token: Option<&str>, body: &str) -> (u16, String) {
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
     let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
+    post_with(port, host, &auth, body)
+}
+
+/// A raw HTTP POST to `/mcp` with more `headers` (each ending in CRLF); the status code and the
+/// whole response.
+pub fn post_with(port: u16, host: &str, headers: &str, body: &str) -> (u16, String) {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
     write!(
         s,
-        "POST /mcp HTTP/1.1\r\nHost: {host}\r\n{auth}Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "POST /mcp HTTP/1.1\r\nHost: {host}\r\n{headers}Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     )
     .unwrap();
     let mut resp = String::new();
     s.read_to_string(&mut resp).unwrap();
     (resp.split_whitespace().nth(1).unwrap().parse().unwrap(), resp)
+}
+
+/// The model's last turn: a `taskbridge-result` block with `summary` and no tests.
+#[allow(dead_code)]
+pub fn result_turn(summary: &str) -> mock_anthropic::Turn {
+    mock_anthropic::Turn::text(format!(
+        "Done.\n\n```taskbridge-result\n{}\n```",
+        json!({"summary": summary, "tests_run": [], "open_questions": []})
+    ))
+}
+
+/// The paths a finished task's result lists as touched.
+#[allow(dead_code)]
+pub fn touched_paths(t: &Value) -> Vec<String> {
+    t["result"]["files_touched"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no files in {t:#}"))
+        .iter()
+        .map(|f| f["path"].as_str().unwrap().to_owned())
+        .collect()
 }
 
 pub fn read_pid(path: &Path) -> i32 {

@@ -549,11 +549,14 @@ impl ServeAgent {
         Ok(resp)
     }
 
+    /// A GET to the server, with its password.
+    fn get(&self, url: &str) -> reqwest::RequestBuilder {
+        self.http.get(url).basic_auth("opencode", Some(&self.password))
+    }
+
     async fn subscribe(&self, port: u16, dir: &Path) -> std::io::Result<SseLines> {
         let events = self
-            .http
-            .get(self.url(port, "/event", dir))
-            .basic_auth("opencode", Some(&self.password))
+            .get(&self.url(port, "/event", dir))
             .header("accept", "text/event-stream")
             .send()
             .await
@@ -810,13 +813,7 @@ impl ServeAgent {
     /// (it was made on another host, or OpenCode's data was removed).
     async fn locate(&self, port: u16, dir: &Path, session: &str) -> std::io::Result<Located> {
         let url = self.url(port, &format!("/session/{session}"), dir);
-        let resp = self
-            .http
-            .get(&url)
-            .basic_auth("opencode", Some(&self.password))
-            .send()
-            .await
-            .map_err(io_err)?;
+        let resp = self.get(&url).send().await.map_err(io_err)?;
         if resp.status() == reqwest::StatusCode::NOT_FOUND {
             return Ok(Located::Missing);
         }
@@ -839,13 +836,7 @@ impl ServeAgent {
     async fn transcript(&self, port: u16, dir: &Path, session: &str) -> String {
         let url = self.url(port, &format!("/session/{session}/message"), dir);
         let read = async {
-            let resp = self
-                .http
-                .get(&url)
-                .basic_auth("opencode", Some(&self.password))
-                .send()
-                .await
-                .ok()?;
+            let resp = self.get(&url).send().await.ok()?;
             resp.status().is_success().then_some(())?;
             resp.json::<Value>().await.ok()
         };
