@@ -437,10 +437,11 @@ fn only_base_files(dir: &Path, tree: &git2::Tree<'_>) -> bool {
     true
 }
 
-/// Whether `dir` is still a git checkout (a linked worktree's `.git` is a file naming its admin
-/// directory, which must still be there too).
+/// Whether `dir` is still there as a checkout (its `.git`, a file in a linked worktree, is
+/// there). Only presence: a repository that cannot be opened for another reason is reported by
+/// what tries to use it next, with that reason.
 pub fn is_worktree(dir: &Path) -> bool {
-    Repository::open(dir).is_ok()
+    dir.join(".git").exists()
 }
 
 /// Creates (or reuses, on a retry or resume) the task's worktree at `dir` on branch

@@ -921,14 +921,26 @@ impl Worker {
             && (serving || !native_opencode)
             && task.session_id.is_some()
             && !followup;
-        // A follow-up whose parent's session is on no server here starts afresh with this.
-        let without_session = followup.then(|| {
-            format!(
+        // The task's own prompt, standing without any earlier conversation.
+        let fresh = format!(
+            "{PREAMBLE}\n{}# Task {}: {}\n\n{}{}",
+            builds_on(&deps),
+            id.0,
+            task.title,
+            task.prompt,
+            notes
+        );
+        // What a session that is on no server here is replaced with: a follow-up's request as
+        // one that stands alone, an interrupted run's whole task (its worktree keeps the work).
+        let without_session = if followup {
+            Some(format!(
                 "{PREAMBLE}\n# Task {}: {}\n\nThis follows up earlier work: the worktree holds \
                  it, and this task's branch starts where it ended.\n\n{}{}",
                 id.0, task.title, task.prompt, notes
-            )
-        });
+            ))
+        } else {
+            interrupted.then(|| fresh.clone())
+        };
         let mut prompt = match &resume {
             Some(r) => {
                 args.extend(["--session".into(), r.session_id.clone()]);
@@ -949,14 +961,7 @@ impl Worker {
                  End as before with a taskbridge-result block.{notes}",
                 id.0, task.title, task.prompt
             ),
-            None => format!(
-                "{PREAMBLE}\n{}# Task {}: {}\n\n{}{}",
-                builds_on(&deps),
-                id.0,
-                task.title,
-                task.prompt,
-                notes
-            ),
+            None => fresh,
         };
         // A bare `reject` stops the agent, as OpenCode does: the task ends there.
         let mut rejected = resume.as_ref().and_then(|r| {
