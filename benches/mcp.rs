@@ -64,14 +64,13 @@ async fn stdio(program: &Path, args: &[&str], envs: &[(&str, &Path)], n: usize) 
     Figures { cold_start_ms, p50_ms, p99_ms, per_s }
 }
 
-/// `serve` with its default event-stream answers, or with `--json-response` (plain JSON, what
-/// public mode uses).
-async fn http(home: &Path, n: usize, json_response: bool) -> Figures {
+/// `taskbridge serve --no-worker` (with `extra`) on a free loopback port, once it accepts
+/// connections: the child and the port.
+async fn serve(home: &Path, extra: Option<&str>) -> (tokio::process::Child, u16) {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let start = Instant::now();
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_taskbridge"))
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_taskbridge"))
         .args(["serve", "--no-worker", "--listen", &format!("127.0.0.1:{port}")])
-        .args(json_response.then_some("--json-response"))
+        .args(extra)
         .env("TASKBRIDGE_HOME", home)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -82,6 +81,14 @@ async fn http(home: &Path, n: usize, json_response: bool) -> Figures {
     while tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err() {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
+    (child, port)
+}
+
+/// `serve` with its default event-stream answers, or with `--json-response` (plain JSON, what
+/// public mode uses).
+async fn http(home: &Path, n: usize, json_response: bool) -> Figures {
+    let start = Instant::now();
+    let (mut child, port) = serve(home, json_response.then_some("--json-response")).await;
     let transport = rmcp::transport::StreamableHttpClientTransport::from_uri(format!(
         "http://127.0.0.1:{port}/mcp"
     ));
@@ -108,19 +115,7 @@ fn rss_mb(pid: u32) -> f64 {
 /// and after. The server keeps at most `mcp::sessions::MAX_SESSIONS` of them.
 async fn sessions(home: &Path, n: usize) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_taskbridge"))
-        .args(["serve", "--no-worker", "--listen", &format!("127.0.0.1:{port}")])
-        .env("TASKBRIDGE_HOME", home)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    while tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err() {
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    let (mut child, port) = serve(home, None).await;
     let pid = child.id().unwrap();
     let body = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"bench","version":"1"}}}"#;
     let request = format!(

@@ -26,15 +26,6 @@ fn dirt(dir: &Path) -> String {
     git_out(dir, &["status", "--porcelain", "--untracked-files=all"])
 }
 
-/// The first request the mock got whose messages contain `needle`.
-fn request_with(mock: &MockAnthropic, needle: &str) -> String {
-    mock.requests()
-        .iter()
-        .map(|r| r["messages"].to_string())
-        .find(|m| m.contains(needle))
-        .unwrap_or_else(|| panic!("no request mentions {needle:?}"))
-}
-
 #[test]
 fn a_followup_after_a_worker_restart_runs_in_its_own_worktree_with_its_parents_conversation() {
     let env = Env::new();

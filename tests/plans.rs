@@ -17,12 +17,7 @@ use support::{result_turn as result_block, touched_paths as files};
 
 /// The first request the mock got for task `id` (its prompt names it).
 fn first_request_of(mock: &MockAnthropic, id: i64) -> String {
-    let needle = format!("# Task {id}:");
-    mock.requests()
-        .iter()
-        .map(|r| r["messages"].to_string())
-        .find(|m| m.contains(&needle))
-        .unwrap_or_else(|| panic!("no request for task {id}"))
+    request_with(mock, &format!("# Task {id}:"))
 }
 
 #[test]

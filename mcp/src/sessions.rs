@@ -8,11 +8,11 @@
 use futures::Stream;
 use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
 use rmcp::transport::WorkerTransport;
+use rmcp::transport::streamable_http_server::SessionManager;
 use rmcp::transport::streamable_http_server::session::local::{
     LocalSessionManager, LocalSessionManagerError, LocalSessionWorker, SessionConfig,
 };
 use rmcp::transport::streamable_http_server::session::{ServerSseMessage, SessionId};
-use rmcp::transport::streamable_http_server::{RestoreOutcome, SessionManager};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
@@ -132,12 +132,5 @@ impl SessionManager for CappedSessions {
     ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
         self.touch(id);
         self.inner.resume(id, last_event_id).await
-    }
-
-    async fn restore_session(
-        &self,
-        _id: SessionId,
-    ) -> Result<RestoreOutcome<Self::Transport>, Self::Error> {
-        Ok(RestoreOutcome::NotSupported)
     }
 }

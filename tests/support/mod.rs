@@ -499,6 +499,16 @@ pub fn post_with(port: u16, host: &str, headers: &str, body: &str) -> (u16, Stri
     (resp.split_whitespace().nth(1).unwrap().parse().unwrap(), resp)
 }
 
+/// The messages of the first request the mock got that contain `needle`.
+#[allow(dead_code)]
+pub fn request_with(mock: &mock_anthropic::MockAnthropic, needle: &str) -> String {
+    mock.requests()
+        .iter()
+        .map(|r| r["messages"].to_string())
+        .find(|m| m.contains(needle))
+        .unwrap_or_else(|| panic!("no request mentions {needle:?}"))
+}
+
 /// The model's last turn: a `taskbridge-result` block with `summary` and no tests.
 #[allow(dead_code)]
 pub fn result_turn(summary: &str) -> mock_anthropic::Turn {

@@ -413,15 +413,7 @@ fn draw_detail(m: &Model, f: &mut Frame, area: Rect) {
             lines.push(Line::styled(l.to_owned(), Style::new().fg(Color::Magenta)));
         }
         // The options with what each means, as the answer dialog shows them.
-        for aq in t.ask.iter().flat_map(|a| &a.questions) {
-            for o in &aq.options {
-                let d = o.description.as_deref().map(|d| format!(": {d}")).unwrap_or_default();
-                lines.push(Line::styled(
-                    format!("  - {}{d}", o.label),
-                    Style::new().fg(Color::DarkGray),
-                ));
-            }
-        }
+        lines.extend(option_lines(t.ask.as_ref(), "  "));
     }
     for (i, q) in t.questions.iter().enumerate().filter(|(_, q)| q.answer.is_some()) {
         section(&mut lines, &format!("Q&A {}", i + 1));
@@ -632,6 +624,17 @@ fn draw_plan(m: &Model, f: &mut Frame, area: Rect) {
     f.render_widget(Paragraph::new(lines).block(block).scroll((m.detail_scroll as u16, 0)), area);
 }
 
+/// A question's options, one line each with what it means, behind `indent`.
+fn option_lines(ask: Option<&queue::Ask>, indent: &str) -> Vec<Line<'static>> {
+    let options = ask.into_iter().flat_map(|a| &a.questions).flat_map(|q| &q.options);
+    options
+        .map(|o| {
+            let d = o.description.as_deref().map(|d| format!(": {d}")).unwrap_or_default();
+            Line::styled(format!("{indent}- {}{d}", o.label), Style::new().fg(Color::DarkGray))
+        })
+        .collect()
+}
+
 fn draw_questions(m: &Model, f: &mut Frame, area: Rect) {
     let waiting = m.waiting();
     let block =
@@ -657,15 +660,7 @@ fn draw_questions(m: &Model, f: &mut Frame, area: Rect) {
             let kind = if j == 0 { kind } else { "" };
             lines.push(Line::styled(format!("  {kind}{l}"), Style::new().fg(Color::Magenta)));
         }
-        for q in r.ask.iter().flat_map(|a| &a.questions) {
-            for o in &q.options {
-                let d = o.description.as_deref().map(|d| format!(": {d}")).unwrap_or_default();
-                lines.push(Line::styled(
-                    format!("    - {}{d}", o.label),
-                    Style::new().fg(Color::DarkGray),
-                ));
-            }
-        }
+        lines.extend(option_lines(r.ask.as_deref(), "    "));
         lines.push(Line::from(""));
     }
     let key = m
