@@ -887,7 +887,8 @@ pub fn usd(amount: f64) -> String {
     let magnitude = amount.abs().log10().floor() as i32;
     let decimals = (2 - magnitude).clamp(2, 8) as usize;
     let mut s = format!("{amount:.decimals$}");
-    while decimals > 2 && s.ends_with('0') && s.len() - s.find('.').unwrap_or(0) > 3 {
+    // Trailing zeros go while more than two decimals are left.
+    while s.ends_with('0') && s.len() - s.find('.').unwrap_or(0) > 3 {
         s.pop();
     }
     match s.strip_prefix('-') {
@@ -899,6 +900,27 @@ pub fn usd(amount: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_permissions_subject_leaves_out_how_to_answer_and_a_notes_marker_says_where_it_is() {
+        let ask = Ask::permission(PermissionAsk {
+            permission: "bash".into(),
+            patterns: vec!["echo deploy-prod".into()],
+            target: None,
+            always: vec![],
+        });
+        assert_eq!(ask.subject(), "permission to bash: echo deploy-prod");
+        assert!(ask.text().starts_with(&ask.subject()) && ask.text().contains("answer once"));
+        let note = |delivered, ended_first| Note {
+            note: "n".into(),
+            created_at: 0.0,
+            delivered,
+            ended_first,
+        };
+        assert_eq!(note(true, false).marker(), "");
+        assert_eq!(note(false, false).marker(), " (not yet delivered)");
+        assert_eq!(note(false, true).marker(), " (not delivered: the task ended first)");
+    }
 
     #[test]
     fn small_spends_show_their_significant_digits() {
