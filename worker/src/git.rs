@@ -375,12 +375,20 @@ struct Registration {
     head: Option<String>,
 }
 
+/// Every directory under the repository's `worktrees/`, half-made ones included: libgit2 lists
+/// only registrations whose files are all there, but a worker killed inside `git worktree add`
+/// leaves a directory with some of them, which still blocks the name (and, with its HEAD
+/// written, the branch).
 fn registrations(repo: &Repository) -> Vec<Registration> {
-    let Ok(names) = repo.worktrees() else { return Vec::new() };
     let base = repo.commondir().join("worktrees");
+    let Ok(entries) = std::fs::read_dir(&base) else { return Vec::new() };
+    let names: Vec<String> = entries
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter_map(|e| e.file_name().to_str().map(str::to_owned))
+        .collect();
     names
         .iter()
-        .filter_map(|n| n.ok().flatten())
         .map(|name| {
             let admin = base.join(name);
             let read = |f: &str| std::fs::read_to_string(admin.join(f)).unwrap_or_default();
@@ -556,13 +564,21 @@ pub fn prepare_worktree(
         ));
         branch = fresh;
     }
-    // Registrations that point at our directory, or that hold our branch in a directory that
-    // is gone, are stale: only the registration is removed (the directory was dealt with above).
+    // Registrations that point at our directory, that hold our branch, or that take the name
+    // ours gets, in a directory that is gone (or was never made: a kill inside `worktree add`),
+    // are stale: only the registration is removed (the directory was dealt with above).
     let ours = format!("refs/heads/{branch}");
+    let wanted_name = worktree_name(&branch);
     for reg in registrations(&repo) {
-        let at_dir = same_path(&reg.path, dir) || reg.path == dir;
+        let at_dir =
+            !reg.path.as_os_str().is_empty() && (same_path(&reg.path, dir) || reg.path == dir);
         let holds_branch = reg.head.as_deref() == Some(ours.as_str());
-        if !at_dir && !holds_branch {
+        let takes_name = reg.name == wanted_name;
+        if !at_dir && !holds_branch && !takes_name {
+            continue;
+        }
+        if takes_name && !at_dir && !holds_branch && opens(&reg.path) {
+            // A live worktree under that name with another branch: ours takes another name.
             continue;
         }
         if !at_dir && opens(&reg.path) {
@@ -572,9 +588,13 @@ pub fn prepare_worktree(
                 reg.path.display()
             )));
         }
-        let wt = repo.find_worktree(&reg.name).map_err(transient)?;
-        wt.prune(Some(WorktreePruneOptions::new().valid(true).locked(true).working_tree(false)))
+        // A half-made registration libgit2 cannot open is only its directory, removed below.
+        if let Ok(wt) = repo.find_worktree(&reg.name) {
+            wt.prune(Some(
+                WorktreePruneOptions::new().valid(true).locked(true).working_tree(false),
+            ))
             .map_err(transient)?;
+        }
         // libgit2 keeps the admin directory of a registration whose gitdir file is gone.
         let admin = repo.commondir().join("worktrees").join(&reg.name);
         if admin.exists() {
@@ -595,7 +615,11 @@ pub fn prepare_worktree(
     if let Some(p) = pause {
         std::thread::sleep(p);
     }
-    let name = worktree_name(&branch);
+    let admin = repo.commondir().join("worktrees");
+    let name = (1u32..)
+        .map(|k| if k == 1 { wanted_name.clone() } else { format!("{wanted_name}-{k}") })
+        .find(|n| !admin.join(n).exists())
+        .unwrap_or(wanted_name);
     repo.worktree(&name, dir, Some(WorktreeAddOptions::new().reference(Some(&reference))))
         .map_err(transient)?;
     Ok(Prepared { branch, dir: dir.to_path_buf(), created: true, repairs })
@@ -1035,6 +1059,59 @@ mod tests {
         let p =
             prepare_worktree(r.path(), &base, 7, Some("taskbridge/task-7"), &wt2, None).unwrap();
         assert_eq!(p.branch, "taskbridge/task-7");
+    }
+
+    #[test]
+    fn a_registration_a_kill_cut_short_inside_worktree_add_is_cleared() {
+        // `git worktree add` writes the admin directory's files one by one; a worker killed in
+        // between leaves any prefix of them, and libgit2 no longer lists such a directory but
+        // still refuses its name ("directory exists") and, once HEAD is written, the branch.
+        let r = repo();
+        let base = resolve_repo(r.path(), None).unwrap().base;
+        let root = tempfile::tempdir().unwrap();
+        let admin = r.path().join(".git/worktrees/taskbridge-task-4");
+        for keep in [
+            &[][..],
+            &["HEAD"][..],
+            &["gitdir"][..],
+            &["commondir"][..],
+            &["HEAD", "commondir"][..],
+            &["gitdir", "HEAD"][..],
+            &["gitdir", "commondir"][..],
+        ] {
+            let wt = root.path().join("task-4");
+            prepare_worktree(r.path(), &base, 4, None, &wt, None).unwrap();
+            std::fs::remove_dir_all(&wt).unwrap();
+            for f in ["gitdir", "HEAD", "commondir", "index", "ORIG_HEAD", "logs", "refs"] {
+                if !keep.contains(&f) {
+                    let p = admin.join(f);
+                    let _ = std::fs::remove_file(&p).or_else(|_| std::fs::remove_dir_all(&p));
+                }
+            }
+            let p = prepare_worktree(r.path(), &base, 4, Some("taskbridge/task-4"), &wt, None)
+                .unwrap_or_else(|e| panic!("with {keep:?} left: {e:?}"));
+            assert_eq!(p.branch, "taskbridge/task-4", "with {keep:?} left");
+            assert!(opens(&wt), "with {keep:?} left");
+        }
+    }
+
+    #[test]
+    fn a_task_whose_worktree_name_a_reused_spare_holds_gets_another_name() {
+        // Task 4's worktree was parked as a spare and handed to task 5 before task 4's end was
+        // recorded (its worker was killed in between): task 4 runs again while a live worktree
+        // on task 5's branch holds the name its own would get.
+        let r = repo();
+        let base = resolve_repo(r.path(), None).unwrap().base;
+        let root = tempfile::tempdir().unwrap();
+        let spare = root.path().join("task-4");
+        prepare_worktree(r.path(), &base, 4, None, &spare, None).unwrap();
+        park_worktree(&spare).unwrap();
+        assert_eq!(reuse_worktree(r.path(), &spare, &base, 5).unwrap().branch, "taskbridge/task-5");
+        let again = root.path().join("task-4-again");
+        let p =
+            prepare_worktree(r.path(), &base, 4, Some("taskbridge/task-4"), &again, None).unwrap();
+        assert_eq!(p.branch, "taskbridge/task-4");
+        assert!(opens(&again) && opens(&spare), "both worktrees stand");
     }
 
     #[test]
