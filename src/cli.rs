@@ -25,6 +25,10 @@ pub struct Cli {
         hide_env_values = true
     )]
     pub db: Option<String>,
+    /// Read --db from this file instead (mode 0600), so that a URL with a password is in no
+    /// process's command line; TaskBridge starts its own helpers this way.
+    #[arg(long, global = true, value_name = "FILE", conflicts_with = "db")]
+    pub db_file: Option<PathBuf>,
     /// The config file (default: $XDG_CONFIG_HOME/taskbridge/config.toml if it exists).
     #[arg(long, global = true, value_name = "FILE", env = "TASKBRIDGE_CONFIG")]
     pub config: Option<PathBuf>,
@@ -352,12 +356,18 @@ pub struct HttpArgs {
 /// Whom an HTTP MCP server lets in (every HTTP server: `serve`, `tui`, `claude-mcp --listen`).
 #[derive(Debug, Args, Clone)]
 pub struct GuardArgs {
-    /// Require `Authorization: Bearer <token>`.
-    #[arg(long, conflicts_with = "token_file", env = "TASKBRIDGE_TOKEN", hide_env_values = true)]
+    /// The bearer token callers must send (at least 32 characters). Visible to every user in
+    /// `ps`: prefer --token-file or TASKBRIDGE_TOKEN. Without any, the server asks for the
+    /// token it keeps in <home>/token (made on first use).
+    #[arg(long, conflicts_with = "token_file")]
     pub token: Option<String>,
-    /// Read the token from this file.
+    /// Read the token from this file (mode 0600: a file others can read is refused).
     #[arg(long)]
     pub token_file: Option<PathBuf>,
+    /// Take calls without a token (loopback only). Any user of this machine can then call the
+    /// server and run tasks as you.
+    #[arg(long, conflicts_with_all = ["token", "token_file"])]
+    pub no_token: bool,
     /// Also accept this Host (and Origin host); repeatable.
     #[arg(long = "allowed-host")]
     pub allowed_hosts: Vec<String>,

@@ -122,8 +122,10 @@ pub fn shell_quote(word: &str) -> String {
 }
 
 /// The lines `config claude-code` prints. Claude Code's `-e` and `--header` take several values,
-/// so the server name must come before them or it is read as one more value.
+/// so the server name must come before them or it is read as one more value. The HTTP line reads
+/// the token from its file when it is pasted, so the token itself is never printed.
 pub fn claude_code_lines(home: &Path, exe: &Path, http_url: &str) -> Vec<String> {
+    let token = crate::token::Source::Home(crate::token::home_token_path(home));
     vec![
         "# stdio, for every project (the worker runs inside; recommended):".to_owned(),
         format!(
@@ -134,9 +136,17 @@ pub fn claude_code_lines(home: &Path, exe: &Path, http_url: &str) -> Vec<String>
         "# or Streamable HTTP, with `taskbridge serve` (or the TUI) running; -s user registers it \
          for every project, -s local (Claude Code's default) for the current directory only:"
             .to_owned(),
-        format!("claude mcp add taskbridge -s user --transport http {}", shell_quote(http_url)),
-        "# when the server has a token, append:  --header \"Authorization: Bearer $TOKEN\""
-            .to_owned(),
+        format!(
+            "claude mcp add taskbridge -s user --transport http {} --header \"Authorization: \
+             Bearer {}\"",
+            shell_quote(http_url),
+            token.shell_expr()
+        ),
+        format!(
+            "# the HTTP server asks for the token in {} (a server started with --token-file or \
+             TASKBRIDGE_TOKEN asks for that one instead)",
+            crate::token::home_token_path(home).display()
+        ),
     ]
 }
 
@@ -185,6 +195,8 @@ pub fn run(client: &str, write: bool, home: &Path, http_url: &str) -> anyhow::Re
                     );
                     outln!("claude mcp remove taskbridge -s user");
                 }
+                // The token the printed HTTP line reads, made now if no server has made it yet.
+                crate::token::home_token(home)?;
                 for line in claude_code_lines(home, &exe, http_url) {
                     outln!("{line}");
                 }

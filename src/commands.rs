@@ -23,7 +23,18 @@ fn read_arg(text: &str, what: &str) -> anyhow::Result<String> {
 }
 
 fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
-    outln!("{}", serde_json::to_string_pretty(v)?);
+    // serde_json escapes C0 controls itself; DEL and C1 it writes raw, so they are escaped here
+    // the JSON way (only strings can hold them).
+    let mut text = String::new();
+    for c in serde_json::to_string_pretty(v)?.chars() {
+        if c.is_control() && c as u32 >= 0x7f {
+            text.push_str(&format!("\\u{:04x}", c as u32));
+        } else {
+            text.push(c);
+        }
+    }
+    text.push('\n');
+    crate::output::write_raw(&text);
     Ok(())
 }
 
@@ -179,7 +190,7 @@ pub fn run(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode> {
                 .map(|s| s.trim().parse::<TaskStatus>())
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(anyhow::Error::msg)?;
-            let cleared = worker::clear::clear_finished(store, &ctx.home, secs, &statuses)?;
+            let cleared = worker::clear::clear_finished(store, &ctx.home, secs, &statuses, &[])?;
             outln!("cleared {} task(s)", cleared.len());
         }
         Command::Status { json } => {
@@ -386,7 +397,7 @@ fn submit(ctx: &Ctx, a: SubmitArgs) -> anyhow::Result<()> {
         }
     }
     for w in warnings {
-        eprintln!("warning: {w}");
+        eprintln!("warning: {}", crate::output::escape_controls(&w));
     }
     Ok(())
 }
@@ -486,6 +497,15 @@ fn print_table(tasks: &[Task]) {
 fn print_task(t: &Task) {
     outln!("task {}: {}", t.id.0, t.title);
     outln!("  state:     {} (attempt {} of {})", t.display_status, t.attempts, t.max_attempts);
+    // A queued task that no worker takes while they idle is waiting out a failed attempt's
+    // retry delay: said here, with when and why.
+    if let Some(at) = t.not_before.filter(|at| t.status == TaskStatus::Queued && *at > now()) {
+        outln!(
+            "  retry:     in {} (after a failed attempt: {})",
+            human_duration(at - now()),
+            t.error.as_deref().unwrap_or("no error recorded")
+        );
+    }
     outln!("  repo:      {} @ {}", t.repo, &t.base[..t.base.len().min(12)]);
     outln!("  priority:  {}", t.priority);
     if let Some(m) = &t.model {

@@ -13,6 +13,7 @@ mod pager;
 mod public;
 mod run;
 mod service;
+mod token;
 
 use anyhow::Context;
 use clap::Parser;
@@ -34,7 +35,10 @@ fn open(cli: &cli::Cli) -> anyhow::Result<Ctx> {
     let home = queue::Home::resolve(cli.home.clone())?;
     home.ensure()
         .with_context(|| format!("preparing the home directory {}", home.root().display()))?;
-    let db_arg = cli.db.clone().unwrap_or_else(|| home.db_path().display().to_string());
+    let db_arg = match &cli.db_file {
+        Some(f) => crate::token::read_private_text(f, "the --db-file")?,
+        None => cli.db.clone().unwrap_or_else(|| home.db_path().display().to_string()),
+    };
     let location = queue::Location::parse(&db_arg).context("reading --db/TASKBRIDGE_DB")?;
     // A PostgreSQL error names the (masked) URL itself.
     let store = queue::Store::connect(&location).with_context(|| match &location {
@@ -51,7 +55,8 @@ fn main() -> std::process::ExitCode {
     match real_main(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            // An error may quote a title, a remote's answer or a file: escaped like stdout.
+            eprintln!("error: {}", output::escape_controls(&format!("{e:#}")));
             std::process::ExitCode::FAILURE
         }
     }

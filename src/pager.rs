@@ -50,7 +50,9 @@ pub fn show_diff(diff: &str, color: &str) -> anyhow::Result<()> {
         "never" => false,
         _ => terminal,
     };
-    let text = if coloured { colour(diff) } else { diff.to_owned() };
+    // A diff shows files an agent wrote: their bytes must not drive the terminal either.
+    let diff = crate::output::escape_controls(diff);
+    let text = if coloured { colour(&diff) } else { diff.into_owned() };
     if terminal && let Some(mut pager) = spawn_pager() {
         if let Some(mut stdin) = pager.stdin.take() {
             // The reader quitting the pager early closes the pipe: not an error.
@@ -59,7 +61,7 @@ pub fn show_diff(diff: &str, color: &str) -> anyhow::Result<()> {
         let _ = pager.wait();
         return Ok(());
     }
-    out!("{text}");
+    crate::output::write_raw(&text);
     Ok(())
 }
 

@@ -195,32 +195,22 @@ pub async fn start(kind: TunnelKind, port: u16, timeout: Duration) -> anyhow::Re
     Ok(Tunnel { url, host, child, exited })
 }
 
-/// What public mode needs before the server binds: a token (the given one, else the one kept in
-/// the home, created and shown once on stderr), the repository roots (default: the directory it
-/// was started in) and plain JSON answers, which survive proxies that buffer event streams.
+/// What public mode needs before the server binds: a token (public mode never runs without
+/// one), the repository roots (default: the directory it was started in) and plain JSON
+/// answers, which survive proxies that buffer event streams.
 pub fn prepare(
-    home: &Path,
     cwd: &Path,
-    token: &mut Option<String>,
+    auth: &Option<(String, crate::token::Source)>,
     roots: &mut Vec<std::path::PathBuf>,
     http: &mut mcp::HttpConfig,
 ) -> anyhow::Result<()> {
-    if token.is_none() {
-        let (t, new) = token_in_home(home)?;
-        let file = home.join("public-token");
-        if new {
-            eprintln!("a new token was created and kept in {}:", file.display());
-            eprintln!("  {t}");
-            eprintln!("it is shown this once; give it to your MCP client");
-        } else {
-            eprintln!("using the token kept in {}", file.display());
-        }
-        *token = Some(t);
-    }
+    let Some((token, _)) = auth else {
+        bail!("public mode always asks for a token; drop --no-token");
+    };
     if roots.is_empty() {
         roots.push(cwd.to_path_buf());
     }
-    http.token = token.clone();
+    http.token = Some(token.clone());
     http.json_response = true;
     Ok(())
 }
@@ -247,34 +237,13 @@ pub async fn open(
     Ok(t)
 }
 
-/// The `claude mcp add` line for a public endpoint; the token is read from its file, never
-/// printed here.
-pub fn claude_add_line(url: &str, home: &Path) -> String {
+/// The `claude mcp add` line for a public endpoint; the token is read from where it is kept
+/// (its file, or the environment), never printed here.
+pub fn claude_add_line(url: &str, source: &crate::token::Source) -> String {
     format!(
-        "claude mcp add taskbridge -s user --transport http {url}/mcp --header \"Authorization: Bearer $(cat {})\"",
-        crate::clients::shell_quote(&home.join("public-token").display().to_string())
+        "claude mcp add taskbridge -s user --transport http {url}/mcp --header \"Authorization: Bearer {}\"",
+        source.shell_expr()
     )
-}
-
-/// A 256-bit token kept 0600 in the home: created (and shown) once, reused afterwards.
-pub fn token_in_home(home: &Path) -> anyhow::Result<(String, bool)> {
-    let path = home.join("public-token");
-    if let Ok(t) = std::fs::read_to_string(&path) {
-        let t = t.trim().to_owned();
-        if t.len() >= 32 {
-            return Ok((t, false));
-        }
-    }
-    let mut bytes = [0u8; 32];
-    use std::io::Read;
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut bytes))
-        .context("reading random bytes for the token")?;
-    let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    queue::home::create_private_file(&path)?;
-    std::fs::write(&path, format!("{token}\n"))
-        .with_context(|| format!("writing {}", path.display()))?;
-    Ok((token, true))
 }
 
 #[cfg(test)]

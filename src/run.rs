@@ -7,17 +7,25 @@ use std::process::ExitCode;
 use tokio_util::sync::CancellationToken;
 use worker::{RunningWorker, Worker, WorkerConfig};
 
-/// The command OpenCode runs to start the reverse bridge on this home and database.
+/// The command OpenCode runs to start the reverse bridge on this home and database. A
+/// PostgreSQL URL (it may hold a password) goes in a 0600 file of the home, named by `--db-file`:
+/// a command line is visible to every user, and this one is also in the agent's environment.
 pub fn bridge_command(ctx: &Ctx) -> anyhow::Result<Vec<String>> {
     let exe = std::env::current_exe().context("finding this executable")?;
-    Ok(vec![
-        exe.display().to_string(),
-        "--home".into(),
-        ctx.home.root().display().to_string(),
-        "--db".into(),
-        ctx.db_arg.clone(),
-        "claude-mcp".into(),
-    ])
+    let mut cmd =
+        vec![exe.display().to_string(), "--home".into(), ctx.home.root().display().to_string()];
+    match ctx.store.location() {
+        queue::Location::Postgres(_) => {
+            let file = ctx.home.root().join(format!("db-{}.url", ctx.store.location().key()));
+            queue::home::create_private_file(&file)?;
+            std::fs::write(&file, format!("{}\n", ctx.db_arg))
+                .with_context(|| format!("writing {}", file.display()))?;
+            cmd.extend(["--db-file".into(), file.display().to_string()]);
+        }
+        queue::Location::Sqlite(_) => cmd.extend(["--db".into(), ctx.db_arg.clone()]),
+    }
+    cmd.push("claude-mcp".into());
+    Ok(cmd)
 }
 
 /// The configured worker with this command's flags applied.
@@ -137,19 +145,6 @@ async fn finish_embedded(embedded: Option<RunningWorker>) {
     }
 }
 
-fn read_token(guard: &crate::cli::GuardArgs) -> anyhow::Result<Option<String>> {
-    Ok(match (&guard.token, &guard.token_file) {
-        (Some(t), _) => Some(t.trim().to_owned()),
-        (None, Some(f)) => Some(
-            std::fs::read_to_string(f)
-                .with_context(|| format!("reading the token file {}", f.display()))?
-                .trim()
-                .to_owned(),
-        ),
-        (None, None) => None,
-    })
-}
-
 /// The reverse bridge, over stdio or (with --listen) Streamable HTTP.
 async fn claude_mcp(
     ctx: Ctx,
@@ -168,14 +163,19 @@ async fn claude_mcp(
     let result = match &args.listen {
         None => mcp::serve_stdio(bridge.clone(), shutdown.clone()).await,
         Some(listen) => {
+            let auth = crate::token::resolve(ctx.home.root(), &args.guard)?;
             let http = mcp::HttpConfig {
                 listen: listen.clone(),
-                token: read_token(&args.guard)?,
+                token: auth.as_ref().map(|(t, _)| t.clone()),
                 allowed_hosts: args.guard.allowed_hosts.clone(),
                 json_response: false,
             };
             let listener = mcp::bind(&http).await?;
-            eprintln!("taskbridge Claude bridge at http://{}/mcp", listener.local_addr()?);
+            eprintln!(
+                "taskbridge Claude bridge at http://{}/mcp ({})",
+                listener.local_addr()?,
+                auth_label(&auth)
+            );
             mcp::serve_http(bridge.clone(), listener, http, shutdown.clone()).await
         }
     };
@@ -202,18 +202,18 @@ async fn tui(
         None => None,
     };
     let keymap = ui::Keymap::load(user_keymap.as_deref()).map_err(anyhow::Error::msg)?;
-    let mut token = read_token(&args.http.guard)?;
+    let auth = crate::token::resolve(ctx.home.root(), &args.http.guard)?;
+    let token = auth.as_ref().map(|(t, _)| t.clone());
     let mut http = mcp::HttpConfig {
         listen: args.http.listen.clone(),
-        token: None,
+        token: token.clone(),
         allowed_hosts: args.http.guard.allowed_hosts.clone(),
         json_response: false,
     };
     let mut roots = args.repo_roots.clone();
     if args.public.is_some() {
-        crate::public::prepare(ctx.home.root(), &ctx.cwd, &mut token, &mut roots, &mut http)?;
+        crate::public::prepare(&ctx.cwd, &auth, &mut roots, &mut http)?;
     }
-    http.token = token.clone();
 
     let mut mcp_label = "off (--no-http)".to_owned();
     let mut listener = None;
@@ -222,16 +222,12 @@ async fn tui(
         match mcp::bind(&http).await {
             Ok(l) => {
                 let addr = l.local_addr()?;
-                mcp_label = format!("http://{addr}/mcp");
+                mcp_label = format!("http://{addr}/mcp ({})", auth_label(&auth));
                 tracing::info!("MCP over HTTP at {mcp_label}");
                 if let Some(kind) = args.public {
                     // Asked for a public URL: without the tunnel the TUI does not start.
                     let t = crate::public::open(kind, addr, &args.http.listen, &mut http).await?;
-                    mcp_label = format!(
-                        "{}/mcp (public; token in {})",
-                        t.url,
-                        ctx.home.root().join("public-token").display()
-                    );
+                    mcp_label = format!("{}/mcp (public; {})", t.url, auth_label(&auth));
                     tunnel = Some(t);
                 }
                 listener = Some(l);
@@ -305,25 +301,26 @@ async fn serve(
     args: crate::cli::ServeArgs,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let mut token = read_token(&args.http.guard)?;
+    let auth = crate::token::resolve(ctx.home.root(), &args.http.guard)?;
     let mut http = mcp::HttpConfig {
         listen: args.http.listen.clone(),
-        token: None,
+        token: auth.as_ref().map(|(t, _)| t.clone()),
         allowed_hosts: args.http.guard.allowed_hosts.clone(),
         json_response: args.json_response,
     };
     let mut roots = args.repo_roots.clone();
     if args.public.is_some() {
-        crate::public::prepare(ctx.home.root(), &ctx.cwd, &mut token, &mut roots, &mut http)?;
+        crate::public::prepare(&ctx.cwd, &auth, &mut roots, &mut http)?;
     }
-    http.token = token.clone();
     let listener = mcp::bind(&http).await?;
     let addr = listener.local_addr()?;
     let mut tunnel = None;
     if let Some(kind) = args.public {
         let t = crate::public::open(kind, addr, &args.http.listen, &mut http).await?;
         outln!("public MCP endpoint: {}/mcp", t.url);
-        outln!("{}", crate::public::claude_add_line(&t.url, ctx.home.root()));
+        if let Some((_, source)) = &auth {
+            outln!("{}", crate::public::claude_add_line(&t.url, source));
+        }
         tunnel = Some(t);
     }
     let embedded = embedded(&ctx, &args.worker, shutdown.clone())?;
@@ -331,7 +328,7 @@ async fn serve(
     if !roots.is_empty() {
         server.restrict_repos(roots);
     }
-    eprintln!("taskbridge MCP server at http://{addr}/mcp");
+    eprintln!("taskbridge MCP server at http://{addr}/mcp ({})", auth_label(&auth));
     let serving = mcp::serve_http(server, listener, http, shutdown.clone());
     let result = match tunnel.as_mut() {
         Some(t) => tokio::select! {
@@ -349,4 +346,12 @@ async fn serve(
     }
     finish_embedded(embedded).await;
     result
+}
+
+/// Whom a listener lets in, for the line that says where it listens.
+fn auth_label(auth: &Option<(String, crate::token::Source)>) -> String {
+    match auth {
+        Some((_, source)) => source.describe(),
+        None => "no token: any local user can call it".to_owned(),
+    }
 }

@@ -515,7 +515,7 @@ fn config_opencode_registers_a_bridge_the_real_opencode_connects_to() {
 #[test]
 fn over_http_the_bridge_is_guarded_like_the_main_server() {
     let env = Env::new();
-    let refused = env.run(&["claude-mcp", "--listen", "0.0.0.0:0"]);
+    let refused = env.run(&["claude-mcp", "--listen", "0.0.0.0:0", "--no-token"]);
     assert!(!refused.status.success());
     let err = String::from_utf8_lossy(&refused.stderr);
     assert!(err.contains("without a token"), "{err}");
@@ -525,15 +525,25 @@ fn over_http_the_bridge_is_guarded_like_the_main_server() {
         "--listen",
         "127.0.0.1:0",
         "--token",
-        "bridge-secret",
+        "bridge-secret-0123456789abcdef0123456789",
     ]));
-    assert_eq!(support::post(p, &format!("127.0.0.1:{p}"), Some("bridge-secret")), 200);
+    assert_eq!(
+        support::post(
+            p,
+            &format!("127.0.0.1:{p}"),
+            Some("bridge-secret-0123456789abcdef0123456789")
+        ),
+        200
+    );
     assert_eq!(support::post(p, &format!("127.0.0.1:{p}"), None), 401);
-    assert_eq!(support::post(p, "evil.example", Some("bridge-secret")), 403);
+    assert_eq!(
+        support::post(p, "evil.example", Some("bridge-secret-0123456789abcdef0123456789")),
+        403
+    );
     let (_, body) = support::post_body(
         p,
         &format!("127.0.0.1:{p}"),
-        Some("bridge-secret"),
+        Some("bridge-secret-0123456789abcdef0123456789"),
         r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#,
     );
     assert!(body.contains("taskbridge-claude"), "{body}");

@@ -328,6 +328,9 @@ fn ask_rules_come_from_the_flag_and_from_the_repositorys_taskbridge_toml() {
         "[permissions]\nask = [\"external_directory\"]\n",
     )
     .unwrap();
+    // Read from the commit the task starts from, so it is committed first.
+    git(&env.repo, &["add", ".taskbridge.toml"]);
+    git(&env.repo, &["commit", "-qm", "ask rules"]);
     let id = env.submit(&["Deploy", "--ask", "bash:git push*"]);
     let t = env.show(id);
     assert_eq!(t["ask_rules"], serde_json::json!(["bash:git push*", "external_directory"]));

@@ -50,13 +50,16 @@ fn run_scenarios(env: &Env, port: u16) {
 #[test]
 fn conformance_general_server_scenarios_pass() {
     let env = Env::new();
-    let (_server, port) = start_serve(&env, &["--no-worker"]);
+    // The suite's client sends no Authorization header: these scenarios are about the protocol,
+    // and the token is checked by tests/paths.rs, tests/mcp_python.rs and tests/faults.rs.
+    let (_server, port) = start_serve(&env, &["--no-worker", "--no-token"]);
     run_scenarios(&env, port);
 }
 
 #[test]
 fn conformance_general_server_scenarios_pass_against_the_reverse_bridge() {
     let env = Env::new();
-    let (_bridge, port, _) = start_http(env.cmd().args(["claude-mcp", "--listen", "127.0.0.1:0"]));
+    let (_bridge, port, _) =
+        start_http(env.cmd().args(["claude-mcp", "--listen", "127.0.0.1:0", "--no-token"]));
     run_scenarios(&env, port);
 }

@@ -311,14 +311,21 @@ fn a_note_the_agent_never_got_because_its_task_ended_first_says_so() {
     assert!(mock.requests().iter().all(|r| !r.to_string().contains("Too late")));
 }
 
-fn mcp_post(port: u16, headers: &str, body: &str) -> (u16, String) {
-    post_with(port, "127.0.0.1", headers, body)
+/// A running `serve` and the token it asks for.
+struct Srv {
+    port: u16,
+    token: String,
+}
+
+fn mcp_post(srv: &Srv, headers: &str, body: &str) -> (u16, String) {
+    let auth = format!("Authorization: Bearer {}\r\n{headers}", srv.token);
+    post_with(srv.port, "127.0.0.1", &auth, body)
 }
 
 /// A new MCP session on the server at `port`, initialized; its id.
-fn new_session(port: u16) -> String {
+fn new_session(srv: &Srv) -> String {
     let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
-    let (status, resp) = mcp_post(port, "", init);
+    let (status, resp) = mcp_post(srv, "", init);
     assert_eq!(status, 200, "{resp}");
     let id = resp
         .lines()
@@ -329,16 +336,16 @@ fn new_session(port: u16) -> String {
         .trim()
         .to_owned();
     let done = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
-    let (status, _) = mcp_post(port, &format!("Mcp-Session-Id: {id}\r\n"), done);
+    let (status, _) = mcp_post(srv, &format!("Mcp-Session-Id: {id}\r\n"), done);
     assert_eq!(status, 202);
     id
 }
 
 /// Whether the session still answers `tools/list`.
-fn session_lives(port: u16, id: &str) -> bool {
+fn session_lives(srv: &Srv, id: &str) -> bool {
     let list = r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#;
     let (status, resp) = mcp_post(
-        port,
+        srv,
         &format!("Mcp-Session-Id: {id}\r\nMcp-Protocol-Version: 2025-11-25\r\n"),
         list,
     );
@@ -353,17 +360,18 @@ fn session_lives(port: u16, id: &str) -> bool {
 fn mcp_sessions_are_capped_closing_the_least_recently_used() {
     let env = Env::new();
     let (_serve, port) = start_serve(&env, &[]);
-    let first = new_session(port);
-    let kept = new_session(port);
+    let srv = &Srv { port, token: env.token() };
+    let first = new_session(srv);
+    let kept = new_session(srv);
     for _ in 0..mcp::sessions::MAX_SESSIONS {
-        assert!(session_lives(port, &kept), "a session in use is kept");
-        new_session(port);
+        assert!(session_lives(srv, &kept), "a session in use is kept");
+        new_session(srv);
     }
-    assert!(!session_lives(port, &first), "the least recently used session was closed");
-    assert!(session_lives(port, &kept));
+    assert!(!session_lives(srv, &first), "the least recently used session was closed");
+    assert!(session_lives(srv, &kept));
     // The client whose session went away initializes again, as the protocol says.
-    let again = new_session(port);
-    assert!(session_lives(port, &again));
+    let again = new_session(srv);
+    assert!(session_lives(srv, &again));
 }
 
 #[test]

@@ -80,7 +80,7 @@ fn python_sdk_over_http_with_token_host_and_origin_checks() {
     let env = Env::new();
     let mock = banner_mock(&env, 1);
     let env = env.with_mock(&mock);
-    let token = "test-token-0123456789abcdef";
+    let token = "test-token-0123456789abcdef0123456789";
     let canary_key = "sk-ant-canary-7f3a9c1e5b";
     // The token from the environment, as a service unit would pass it.
     let (mut server, port, _) = start_http(
@@ -115,7 +115,7 @@ fn python_sdk_over_http_with_token_host_and_origin_checks() {
 #[test]
 fn a_non_loopback_listener_without_a_token_is_refused_at_start() {
     let env = Env::new();
-    let out = env.run(&["serve", "--listen", "0.0.0.0:0", "--no-worker"]);
+    let out = env.run(&["serve", "--listen", "0.0.0.0:0", "--no-worker", "--no-token"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("refusing to listen on 0.0.0.0:0 without a token"), "{err}");

@@ -11,6 +11,7 @@ mod support;
 use rmcp::model::CallToolRequestParams;
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
@@ -172,7 +173,12 @@ fn get_logs_and_follow_show_a_running_task_and_clear_finished_keeps_branches() {
 fn the_http_guard_flags_do_what_they_say() {
     let env = Env::new();
     let token_file = env.dir.path().join("token");
-    std::fs::write(&token_file, "file-token-0123456789\n").unwrap();
+    std::fs::write(&token_file, "file-token-0123456789abcdef0123456789\n").unwrap();
+    // A token file other users can read is refused, saying the chmod to run.
+    let refused = env.run(&["serve", "--no-worker", "--token-file", token_file.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && err.contains("chmod 600"), "{err}");
+    std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600)).unwrap();
     let other = env.dir.path().join("other-repo");
     std::fs::create_dir_all(&other).unwrap();
     git(&other, &["init", "-q", "-b", "main"]);
@@ -193,14 +199,22 @@ fn the_http_guard_flags_do_what_they_say() {
         ],
     );
     let host = format!("127.0.0.1:{p}");
-    assert_eq!(post(p, &host, Some("file-token-0123456789")), 200, "the file's token, trimmed");
+    assert_eq!(
+        post(p, &host, Some("file-token-0123456789abcdef0123456789")),
+        200,
+        "the file's token, trimmed"
+    );
     assert_eq!(post(p, &host, None), 401);
-    assert_eq!(post(p, "tb.example.test", Some("file-token-0123456789")), 200, "--allowed-host");
-    assert_eq!(post(p, "other.example.test", Some("file-token-0123456789")), 403);
+    assert_eq!(
+        post(p, "tb.example.test", Some("file-token-0123456789abcdef0123456789")),
+        200,
+        "--allowed-host"
+    );
+    assert_eq!(post(p, "other.example.test", Some("file-token-0123456789abcdef0123456789")), 403);
     // --repo-root: a real MCP client with the token; a repository elsewhere is refused.
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
-        let client = http_client(p, Some("file-token-0123456789")).await;
+        let client = http_client(p, Some("file-token-0123456789abcdef0123456789")).await;
         let submit = |repo: String| {
             let client = &client;
             async move {
@@ -256,7 +270,7 @@ async fn models_and_workers_over_mcp_and_the_bridge_offered_by_serve() {
         let (c, p, _) = start_http(&mut cmd);
         (c, p)
     };
-    let client = http_client(port, None).await;
+    let client = http_client(port, Some(&env.token())).await;
     let call = |name: &'static str, args: Value| {
         let client = &client;
         async move {

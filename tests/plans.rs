@@ -173,6 +173,11 @@ fn merge_refuses_a_dirty_tree_reports_a_conflict_squashes_and_warns_of_overlaps(
     assert_eq!(env.show(b)["merged_into"], "clean-base");
 }
 
+fn commit_config(env: &Env) {
+    git(&env.repo, &["add", ".taskbridge.toml"]);
+    git(&env.repo, &["commit", "-qm", "checks"]);
+}
+
 #[test]
 fn a_failing_check_goes_back_to_the_agent_until_it_passes_or_the_rounds_run_out() {
     let env = Env::new();
@@ -181,6 +186,8 @@ fn a_failing_check_goes_back_to_the_agent_until_it_passes_or_the_rounds_run_out(
         "[verify]\ncommands = [\"echo checking; test -f fixed.txt\"]\nrounds = 2\n",
     )
     .unwrap();
+    // Checks come from the commit a task starts from.
+    commit_config(&env);
     let mock = MockAnthropic::spawn(vec![
         result_block("Claimed done without the fix."),
         Turn::bash("echo ok > fixed.txt"),
@@ -208,6 +215,8 @@ fn a_failing_check_goes_back_to_the_agent_until_it_passes_or_the_rounds_run_out(
         "[verify]\ncommands = [\"echo nope; false\"]\nrounds = 1\n",
     )
     .unwrap();
+    // Checks come from the commit a task starts from.
+    commit_config(&env);
     mock.push([result_block("Done, I think."), result_block("Still done, I think.")]);
     let id = env.submit(&["Pass an impossible check"]);
     let t = env.wait_status(id, "failed", RUN);
@@ -227,6 +236,8 @@ fn a_failing_check_goes_back_to_the_agent_until_it_passes_or_the_rounds_run_out(
         "[verify]\ncommands = [\"false\"]\nrounds = 0\n",
     )
     .unwrap();
+    // Checks come from the commit a task starts from.
+    commit_config(&env);
     mock.push([result_block("Done.")]);
     let id = env.submit(&["Pass a silent check"]);
     let error = env.wait_status(id, "failed", RUN)["error"].as_str().unwrap().to_owned();

@@ -27,7 +27,7 @@ fn cloudflare_public_mode_checks_host_and_token_and_never_outlives_taskbridge() 
     let (mut server, endpoint, p) =
         start_public(&env, "cloudflare", "TASKBRIDGE_CLOUDFLARED", &fake);
     assert_eq!(endpoint, "public MCP endpoint: https://four-dashed-word-url.trycloudflare.com/mcp");
-    let token_file = env.home.join("public-token");
+    let token_file = env.home.join("token");
     let token = std::fs::read_to_string(&token_file).unwrap().trim().to_owned();
     assert_eq!(token.len(), 64, "a 256-bit token, hex");
     assert_eq!(std::fs::metadata(&token_file).unwrap().permissions().mode() & 0o777, 0o600);
@@ -78,7 +78,7 @@ exec sleep 300
     );
     let (_server, endpoint, p) = start_public(&env, "ngrok", "TASKBRIDGE_NGROK", &fake);
     assert_eq!(endpoint, "public MCP endpoint: https://1a2b-3c4d.ngrok-free.app/mcp");
-    let token = std::fs::read_to_string(env.home.join("public-token")).unwrap().trim().to_owned();
+    let token = std::fs::read_to_string(env.home.join("token")).unwrap().trim().to_owned();
     assert!(eventually(Duration::from_secs(10), || std::net::TcpStream::connect(("127.0.0.1", p))
         .is_ok()));
     assert_eq!(post(p, "1a2b-3c4d.ngrok-free.app", Some(&token)), 200);

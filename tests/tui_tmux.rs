@@ -205,8 +205,8 @@ fn public_mode_in_the_tui_shows_the_url_guards_it_and_reports_a_dead_tunnel() {
     let tmux = start_tui_with(&env, args, 200, &[("TASKBRIDGE_CLOUDFLARED", fake)]);
     let screen = tmux.wait_for(&format!("https://{host}/mcp (public"));
     let p = tui_port(&env, None);
-    assert!(screen.contains("public-token"), "{screen}");
-    let token = std::fs::read_to_string(env.home.join("public-token")).unwrap();
+    assert!(screen.contains(&format!("token in {}", env.home.join("token").display())), "{screen}");
+    let token = std::fs::read_to_string(env.home.join("token")).unwrap();
     let token = token.trim();
     assert_eq!(post(p, host, Some(token)), 200, "the tunnel's host with the token");
     assert_eq!(post(p, host, None), 401, "no token");
@@ -272,7 +272,9 @@ fn the_default_tui_runs_tasks_and_every_key_reaches_the_queue() {
     tmux.wait_for("No tasks. Press n");
     // The HTTP server runs inside.
     let p = tui_port(&env, None);
-    assert_eq!(post(p, &format!("127.0.0.1:{p}"), None), 200);
+    // It asks for the home's token, like `serve`.
+    assert_eq!(post(p, &format!("127.0.0.1:{p}"), Some(&env.token())), 200);
+    assert_eq!(post(p, &format!("127.0.0.1:{p}"), None), 401);
 
     // n: the dialog starts with the TUI's directory as the repository.
     tmux.keys(&["n"]);

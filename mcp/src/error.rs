@@ -6,7 +6,8 @@ pub enum Error {
     Listen { addr: String, message: String },
     #[error(
         "refusing to listen on {0} without a token: anyone who can reach that address could run \
-         commands on this machine. Pass --token or --token-file, or listen on 127.0.0.1"
+         commands on this machine. --no-token is for loopback only; drop it (the server then \
+         asks for the token kept in its home), or listen on 127.0.0.1"
     )]
     Insecure(String),
     #[error("the HTTP server stopped: {0}")]

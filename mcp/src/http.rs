@@ -10,6 +10,7 @@ use axum::response::{IntoResponse, Response};
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -55,6 +56,39 @@ pub async fn bind(cfg: &HttpConfig) -> Result<TcpListener> {
 struct Guard {
     hosts: Vec<String>,
     token: Option<String>,
+    failures: Failures,
+}
+
+/// Wrong tokens per peer address: after a burst, a peer's further wrong tokens are answered 429
+/// until its window ends. The right token always passes (every local user shares 127.0.0.1, so
+/// blocking the address would let anyone lock the real client out); what the throttle buys is
+/// a slower, visible guesser.
+#[derive(Default)]
+struct Failures {
+    per_peer: std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, (u32, Instant)>>,
+}
+
+/// Wrong tokens a peer may send in one window before it is answered 429.
+const BURST: u32 = 10;
+const WINDOW: Duration = Duration::from_secs(60);
+
+impl Failures {
+    /// Counts a wrong token from `peer`; `Some(seconds)` to wait when it is over the burst.
+    fn record(&self, peer: std::net::IpAddr) -> (u32, Option<u64>) {
+        let mut map = self.per_peer.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        if map.len() > 4096 {
+            map.retain(|_, (_, since)| now.duration_since(*since) < WINDOW);
+        }
+        let entry = map.entry(peer).or_insert((0, now));
+        if now.duration_since(entry.1) >= WINDOW {
+            *entry = (0, now);
+        }
+        entry.0 += 1;
+        let wait = (entry.0 > BURST)
+            .then(|| WINDOW.saturating_sub(now.duration_since(entry.1)).as_secs().max(1));
+        (entry.0, wait)
+    }
 }
 
 /// `host[:port]` or `[v6]:port` to the bare, lower-case host.
@@ -122,6 +156,8 @@ impl Guard {
 enum Refusal {
     Forbidden(&'static str),
     Unauthorized,
+    /// Too many wrong tokens from this peer; retry after this many seconds.
+    Throttled(u64),
 }
 
 impl IntoResponse for Refusal {
@@ -144,12 +180,37 @@ impl IntoResponse for Refusal {
                 );
                 r
             }
+            Refusal::Throttled(secs) => {
+                let mut r = (
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "Too many wrong tokens from this address; wait, then send the right one\n",
+                )
+                    .into_response();
+                if let Ok(v) = header::HeaderValue::from_str(&secs.to_string()) {
+                    r.headers_mut().insert(header::RETRY_AFTER, v);
+                }
+                r
+            }
         }
     }
 }
 
 async fn guard(State(g): State<Arc<Guard>>, req: Request, next: Next) -> Response {
     if let Err(r) = g.check(req.headers()) {
+        if r == Refusal::Unauthorized {
+            let peer = req
+                .extensions()
+                .get::<axum::extract::ConnectInfo<SocketAddr>>()
+                .map_or(std::net::IpAddr::from([0, 0, 0, 0]), |c| c.0.ip());
+            let (count, wait) = g.failures.record(peer);
+            // Never the token given: a near miss of the real one would be in the log.
+            if count == 1 || count.is_power_of_two() || wait.is_none() {
+                tracing::warn!(%peer, wrong_tokens_in_window = count, "refused a call without the right token");
+            }
+            if let Some(secs) = wait {
+                return Refusal::Throttled(secs).into_response();
+            }
+        }
         return r.into_response();
     }
     let is_delete = req.method() == axum::http::Method::DELETE;
@@ -185,11 +246,15 @@ where
             .into(),
         rmcp_cfg,
     );
-    let g = Arc::new(Guard { hosts, token: cfg.token.filter(|t| !t.is_empty()) });
+    let g = Arc::new(Guard {
+        hosts,
+        token: cfg.token.filter(|t| !t.is_empty()),
+        failures: Failures::default(),
+    });
     let app = axum::Router::new()
         .nest_service("/mcp", svc)
         .layer(axum::middleware::from_fn_with_state(g, guard));
-    axum::serve(listener, app)
+    axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await
         .map_err(|e| Error::Serve(e.to_string()))
@@ -212,6 +277,7 @@ mod tests {
         let g = Guard {
             hosts: vec!["localhost".into(), "127.0.0.1".into()],
             token: Some("s3cret".into()),
+            failures: Failures::default(),
         };
         let mut h = HeaderMap::new();
         h.insert(header::HOST, "127.0.0.1:1".parse().unwrap());
@@ -224,5 +290,39 @@ mod tests {
         assert!(g.check(&h).is_ok());
         h.insert(header::HOST, "evil.example".parse().unwrap());
         assert!(matches!(g.check(&h).unwrap_err(), Refusal::Forbidden(_)));
+    }
+
+    #[test]
+    fn a_wrong_token_of_the_right_length_or_last_byte_is_refused() {
+        let right = "a".repeat(63) + "b";
+        let g = Guard {
+            hosts: vec!["127.0.0.1".into()],
+            token: Some(right.clone()),
+            failures: Failures::default(),
+        };
+        let with = |t: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::HOST, "127.0.0.1:1".parse().unwrap());
+            h.insert(header::AUTHORIZATION, format!("Bearer {t}").parse().unwrap());
+            g.check(&h)
+        };
+        assert!(with(&right).is_ok());
+        assert_eq!(with(&("a".repeat(63) + "c")).unwrap_err(), Refusal::Unauthorized);
+        assert_eq!(with(&"b".repeat(64)).unwrap_err(), Refusal::Unauthorized);
+        assert_eq!(with(&right[..63]).unwrap_err(), Refusal::Unauthorized);
+    }
+
+    #[test]
+    fn wrong_tokens_are_throttled_per_peer_after_a_burst() {
+        let f = Failures::default();
+        let (a, b) = ([127, 0, 0, 1].into(), [10, 0, 0, 2].into());
+        for n in 1..=BURST {
+            assert_eq!(f.record(a), (n, None));
+        }
+        let (n, wait) = f.record(a);
+        assert_eq!(n, BURST + 1);
+        assert!(wait.is_some_and(|s| (1..=WINDOW.as_secs()).contains(&s)), "{wait:?}");
+        // Another peer has its own count.
+        assert_eq!(f.record(b), (1, None));
     }
 }

@@ -1,6 +1,6 @@
 //! The TaskBridge MCP server: shared state, result shaping and error mapping.
 
-use queue::{Home, Store, Task, TaskStatus};
+use queue::{Home, Store, Task, TaskId, TaskStatus};
 use rmcp::model::{CallToolResult, Implementation, ServerCapabilities, ServerConfig};
 use rmcp::{ErrorData, ServerHandler, tool_handler};
 use serde::Serialize;
@@ -110,9 +110,15 @@ impl TaskBridge {
         self.inner.changes.receiver_count()
     }
 
+    /// Refuses a submit whose repository is not under a root. What counts is the repository
+    /// git finds from `repo`, by its real path: a directory under a root whose repository lies
+    /// above the root (or a symlink out of it) is outside.
     pub(crate) fn check_repo_allowed(&self, repo: &Path) -> Result<(), String> {
         let Some(roots) = self.inner.repo_roots.get() else { return Ok(()) };
-        let real = repo.canonicalize().unwrap_or_else(|_| repo.to_path_buf());
+        let real = worker::git::resolve_repo(repo, None)
+            .map(|r| r.toplevel)
+            .unwrap_or_else(|_| repo.to_path_buf());
+        let real = real.canonicalize().unwrap_or(real);
         if roots.iter().any(|r| real.starts_with(r)) {
             return Ok(());
         }
@@ -123,6 +129,39 @@ impl TaskBridge {
             repo.display(),
             list.join(", ")
         ))
+    }
+
+    /// Whether this server may show or touch a task of `repo` (always, without roots).
+    pub(crate) fn visible(&self, repo: &str) -> bool {
+        let Some(roots) = self.inner.repo_roots.get() else { return true };
+        let path = Path::new(repo);
+        let real = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
+        roots.iter().any(|r| real.starts_with(r))
+    }
+
+    /// The roots as the queue stores repositories, for the queue's own filters (empty: none).
+    pub(crate) fn roots_as_text(&self) -> Vec<String> {
+        self.inner
+            .repo_roots
+            .get()
+            .map(|r| r.iter().map(|p| p.display().to_string()).collect())
+            .unwrap_or_default()
+    }
+
+    /// Task `id` when this server may see it; one outside its roots is "not found", exactly
+    /// as an id that does not exist, so a caller learns nothing of it.
+    pub(crate) fn visible_task(&self, id: TaskId) -> worker::Result<Task> {
+        let task = self.inner.store.get(id)?;
+        if self.visible(&task.repo) { Ok(task) } else { Err(queue::Error::NotFound(id).into()) }
+    }
+
+    /// A dependency a submit names. Under roots, one outside them (or one that does not exist)
+    /// is "not found" before anything is stored, the same either way.
+    pub(crate) fn dependency(&self, id: TaskId) -> Result<queue::DepRef, String> {
+        if self.inner.repo_roots.get().is_some() {
+            self.visible_task(id).map_err(|e| e.to_string())?;
+        }
+        Ok(queue::DepRef::Task(id))
     }
 
     pub(crate) async fn blocking<T: Send + 'static>(

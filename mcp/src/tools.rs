@@ -372,12 +372,13 @@ impl BatchItem {
         let mut depends_on = Vec::new();
         for d in self.depends_on {
             depends_on.push(match d {
-                BatchDep::Id(id) => DepRef::Task(TaskId(id)),
+                // A task outside the roots is not found, as one that does not exist.
+                BatchDep::Id(id) => tb.dependency(TaskId(id))?,
                 BatchDep::Ref(s) => match s.strip_prefix('#').and_then(|n| n.parse::<usize>().ok())
                 {
                     Some(i) => DepRef::Batch(i),
                     None => match s.parse::<i64>() {
-                        Ok(id) => DepRef::Task(TaskId(id)),
+                        Ok(id) => tb.dependency(TaskId(id))?,
                         Err(_) => {
                             return Err(format!(
                                 "invalid depends_on of item #{index}: '{s}' is neither a task id \
@@ -480,7 +481,7 @@ impl TaskBridge {
     /// its result without the diff (get_task_result has the diff).
     #[tool(annotations(title = "Get a task", read_only_hint = true))]
     async fn get_task(&self, Parameters(args): Parameters<TaskIdArgs>) -> ToolResult {
-        match self.read_now(|s| Ok(s.get(TaskId(args.task_id))?)) {
+        match self.visible_task(TaskId(args.task_id)) {
             Ok(task) => ok(self.task_json(&task, true)),
             Err(e) => self.fail(e),
         }
@@ -496,7 +497,7 @@ impl TaskBridge {
     async fn get_task_result(&self, Parameters(args): Parameters<GetResultArgs>) -> ToolResult {
         let max = args.max_diff_bytes.unwrap_or(65_536);
         let read = self.read_now(|s| {
-            let task = s.get(TaskId(args.task_id))?;
+            let task = self.visible_task(TaskId(args.task_id))?;
             let overlaps = worker::merge::overlaps(s, &task)?;
             Ok((task, overlaps))
         });
@@ -510,6 +511,9 @@ impl TaskBridge {
     /// follow a running task.
     #[tool(annotations(title = "Read a task's log", read_only_hint = true))]
     async fn get_task_logs(&self, Parameters(args): Parameters<GetLogsArgs>) -> ToolResult {
+        if let Err(e) = self.visible_task(TaskId(args.task_id)) {
+            return self.fail(e);
+        }
         let max = args.max_bytes.unwrap_or(16_384);
         if max == 0 || max > MAX_LOG_BYTES {
             return field_error(
@@ -581,9 +585,11 @@ impl TaskBridge {
             // the wait is missed.
             changes.borrow_and_update();
             let ids = args.task_ids.clone();
-            let tasks = match self.read_now(|s| {
-                ids.iter().map(|&i| Ok(s.get(TaskId(i))?)).collect::<worker::Result<Vec<_>>>()
-            }) {
+            let tasks = match ids
+                .iter()
+                .map(|&i| self.visible_task(TaskId(i)))
+                .collect::<worker::Result<Vec<_>>>()
+            {
                 Ok(t) => t,
                 Err(e) => return self.fail(e),
             };
@@ -630,6 +636,9 @@ impl TaskBridge {
         Parameters(args): Parameters<AnswerArgs>,
         ctx: rmcp::service::RequestContext<rmcp::RoleServer>,
     ) -> ToolResult {
+        if let Err(e) = self.visible_task(TaskId(args.task_id)) {
+            return self.fail(e);
+        }
         let by = match ctx.peer.peer_info() {
             Some(info) => format!("mcp:{}", info.client_info.name),
             None => "mcp".to_owned(),
@@ -646,6 +655,9 @@ impl TaskBridge {
     /// agent keeps the whole conversation. Its diff is only the new change. Chains work.
     #[tool(annotations(title = "Follow up a task", read_only_hint = false))]
     async fn followup_task(&self, Parameters(args): Parameters<FollowupArgs>) -> ToolResult {
+        if let Err(e) = self.visible_task(TaskId(args.task_id)) {
+            return self.fail(e);
+        }
         let r =
             self.blocking(move |s| worker::followup(s, TaskId(args.task_id), &args.prompt)).await;
         match r {
@@ -661,6 +673,9 @@ impl TaskBridge {
     /// branch carries are marked merged too.
     #[tool(annotations(title = "Merge a task", read_only_hint = false, destructive_hint = false))]
     async fn merge_task(&self, Parameters(args): Parameters<MergeArgs>) -> ToolResult {
+        if let Err(e) = self.visible_task(TaskId(args.task_id)) {
+            return self.fail(e);
+        }
         let r = self
             .blocking(move |s| {
                 worker::merge::merge_task(
@@ -696,9 +711,28 @@ impl TaskBridge {
                 .map(|x| x.toplevel.display().to_string())
                 .unwrap_or(r)
         });
-        let filter =
-            ListFilter { status, repo, limit: Some(limit), offset: args.offset.unwrap_or(0) };
-        match self.read_now(|s| Ok(s.list(&filter)?)) {
+        let offset = args.offset.unwrap_or(0);
+        let restricted = !self.roots_as_text().is_empty();
+        // Under roots the page is cut after the tasks outside them are left out, so that
+        // limit and offset count only what the caller may see.
+        let filter = if restricted {
+            ListFilter { status, repo, limit: None, offset: 0 }
+        } else {
+            ListFilter { status, repo, limit: Some(limit), offset }
+        };
+        let listed = self.read_now(|s| Ok(s.list(&filter)?)).map(|tasks| {
+            if restricted {
+                tasks
+                    .into_iter()
+                    .filter(|t| self.visible(&t.repo))
+                    .skip(offset)
+                    .take(limit)
+                    .collect()
+            } else {
+                tasks
+            }
+        });
+        match listed {
             Ok(tasks) => ok(json!({
                 "tasks": tasks.iter().map(|t| json!({
                     "task_id": t.id.0,
@@ -753,6 +787,9 @@ impl TaskBridge {
     /// (`ended_first`).
     #[tool(annotations(title = "Add a note", read_only_hint = false))]
     async fn add_task_note(&self, Parameters(args): Parameters<NoteArgs>) -> ToolResult {
+        if let Err(e) = self.visible_task(TaskId(args.task_id)) {
+            return self.fail(e);
+        }
         match self.blocking(move |s| Ok(s.add_note(TaskId(args.task_id), &args.note)?)).await {
             Ok(task) => ok(self.task_json(&task, true)),
             Err(e) => self.fail(e),
@@ -763,6 +800,9 @@ impl TaskBridge {
     /// then SIGKILL) within a second or two and its worktree kept.
     #[tool(annotations(title = "Cancel a task", read_only_hint = false, destructive_hint = true))]
     async fn cancel_task(&self, Parameters(args): Parameters<TaskIdArgs>) -> ToolResult {
+        if let Err(e) = self.visible_task(TaskId(args.task_id)) {
+            return self.fail(e);
+        }
         match self.blocking(move |s| Ok(s.cancel(TaskId(args.task_id))?)).await {
             Ok(task) => ok(self.task_json(&task, true)),
             Err(e) => self.fail(e),
@@ -772,6 +812,9 @@ impl TaskBridge {
     /// Run a failed or cancelled task again (tasks that failed because it did follow).
     #[tool(annotations(title = "Retry a task", read_only_hint = false))]
     async fn retry_task(&self, Parameters(args): Parameters<TaskIdArgs>) -> ToolResult {
+        if let Err(e) = self.visible_task(TaskId(args.task_id)) {
+            return self.fail(e);
+        }
         match self.blocking(move |s| Ok(s.retry(TaskId(args.task_id))?)).await {
             Ok(task) => ok(self.task_json(&task, true)),
             Err(e) => self.fail(e),
@@ -781,6 +824,9 @@ impl TaskBridge {
     /// Change a task's priority (-100..=100, higher runs first).
     #[tool(annotations(title = "Set a task's priority", read_only_hint = false))]
     async fn set_task_priority(&self, Parameters(args): Parameters<PriorityArgs>) -> ToolResult {
+        if let Err(e) = self.visible_task(TaskId(args.task_id)) {
+            return self.fail(e);
+        }
         match self.blocking(move |s| Ok(s.set_priority(TaskId(args.task_id), args.priority)?)).await
         {
             Ok(task) => ok(self.task_json(&task, true)),
@@ -802,8 +848,9 @@ impl TaskBridge {
         };
         let older = args.older_than_s.unwrap_or(0.0);
         let home = self.home().clone();
+        let under = self.roots_as_text();
         match self
-            .blocking(move |s| worker::clear::clear_finished(s, &home, older, &statuses))
+            .blocking(move |s| worker::clear::clear_finished(s, &home, older, &statuses, &under))
             .await
         {
             Ok(cleared) => ok(json!({

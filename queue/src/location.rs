@@ -85,6 +85,15 @@ impl Location {
         if s.is_empty() {
             return Err(Error::invalid("db", "it is empty; give a path or a postgres:// URL"));
         }
+        if looks_like_libpq_keywords(s) {
+            // Never echoed: such a string usually carries `password=`.
+            return Err(Error::invalid(
+                "db",
+                "it is a libpq keyword string (host=… dbname=…), which TaskBridge does not read; \
+                 give PostgreSQL as a URL, postgres://USER@HOST:PORT/DBNAME, with the password \
+                 in PGPASSWORD or ~/.pgpass",
+            ));
+        }
         Ok(Location::Sqlite(PathBuf::from(s)))
     }
 
@@ -261,9 +270,46 @@ impl PgUrl {
     }
 }
 
+/// `host=db.example port=5432 …`: a word made of a libpq connection keyword and `=` starts it.
+/// No file of a queue is named that way, and taking it as one would create an empty queue under
+/// a name that holds a password.
+fn looks_like_libpq_keywords(s: &str) -> bool {
+    const KEYWORDS: [&str; 14] = [
+        "host",
+        "hostaddr",
+        "port",
+        "dbname",
+        "user",
+        "password",
+        "passfile",
+        "sslmode",
+        "sslrootcert",
+        "connect_timeout",
+        "application_name",
+        "options",
+        "service",
+        "target_session_attrs",
+    ];
+    s.split_whitespace().any(|word| {
+        word.split_once('=')
+            .is_some_and(|(k, _)| KEYWORDS.contains(&k.trim().to_ascii_lowercase().as_str()))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_libpq_keyword_string_is_refused_without_its_password() {
+        for s in ["host=db.example port=5432 dbname=q user=me password=hunter2", "dbname=q"] {
+            let e = Location::parse(s).unwrap_err().to_string();
+            assert!(e.contains("libpq keyword string") && e.contains("postgres://"), "{e}");
+            assert!(!e.contains("hunter2"), "{e}");
+        }
+        // Paths with '=' in them are still paths.
+        assert!(matches!(Location::parse("./a=b/queue.db"), Ok(Location::Sqlite(_))));
+    }
 
     #[test]
     fn paths_and_urls() {

@@ -1348,7 +1348,14 @@ impl Store {
 
     /// Deletes finished tasks in `statuses` that finished at least `older_than_s` ago and
     /// returns them, so the caller can remove their logs and worktrees.
-    pub fn clear_finished(&self, older_than_s: f64, statuses: &[TaskStatus]) -> Result<Vec<Task>> {
+    /// `under`: only tasks whose repository is one of these directories or below one (a server
+    /// restricted to repository roots clears its own); empty for every task.
+    pub fn clear_finished(
+        &self,
+        older_than_s: f64,
+        statuses: &[TaskStatus],
+        under: &[String],
+    ) -> Result<Vec<Task>> {
         if let Some(s) = statuses.iter().find(|s| !s.is_terminal()) {
             return Err(Error::invalid(
                 "statuses",
@@ -1370,7 +1377,11 @@ impl Store {
                 )?;
                 for row in ids {
                     let id: i64 = row.get(0)?;
-                    out.push(load_task(tx, TaskId(id))?);
+                    let task = load_task(tx, TaskId(id))?;
+                    if !under.is_empty() && !under.iter().any(|root| path_under(&task.repo, root)) {
+                        continue;
+                    }
+                    out.push(task);
                     tx.exec("DELETE FROM tasks WHERE id = ?1", args![id])?;
                 }
             }
@@ -1717,4 +1728,10 @@ fn fill_relations(conn: &mut dyn Tx, task: &mut Task) -> Result<()> {
         })
         .collect::<Result<_>>()?;
     Ok(())
+}
+
+/// Whether the directory `path` is `root` or below it, by whole components (`/a/bc` is not
+/// under `/a/b`).
+pub fn path_under(path: &str, root: &str) -> bool {
+    std::path::Path::new(path).starts_with(std::path::Path::new(root))
 }

@@ -31,6 +31,7 @@ on_both!(
     expired_lease_requeues_then_fails_and_stale_completion_is_rejected,
     question_timeout_fails_a_waiting_task,
     clear_removes_only_finished_tasks,
+    clear_under_roots_leaves_other_repositories_alone,
     status_counts_blocked_apart_from_queued,
     jobs_run_queued_running_done_and_finished_jobs_never_change,
     a_cancelled_job_keeps_its_state_when_its_runner_reports_late,
@@ -437,18 +438,35 @@ fn question_timeout_fails_a_waiting_task(b: Backend) {
     assert!(t.error.unwrap().contains("not answered within 1 s"));
 }
 
+fn clear_under_roots_leaves_other_repositories_alone(b: Backend) {
+    let (_d, store) = open(b);
+    let inside = submit(&store, "inside");
+    let base = "0123456789abcdef0123456789abcdef01234567";
+    let beside = store.submit(TaskSpec::new("beside", "/tmp/repo-two", base)).unwrap().0.id;
+    let below = store.submit(TaskSpec::new("below", "/tmp/repo/sub", base)).unwrap().0.id;
+    for id in [inside, beside, below] {
+        store.cancel(id).unwrap();
+    }
+    let cleared =
+        store.clear_finished(0.0, &[TaskStatus::Cancelled], &["/tmp/repo".to_owned()]).unwrap();
+    let mut ids: Vec<TaskId> = cleared.iter().map(|t| t.id).collect();
+    ids.sort();
+    assert_eq!(ids, vec![inside, below], "/tmp/repo-two is not under /tmp/repo");
+    assert!(store.get(beside).is_ok());
+}
+
 fn clear_removes_only_finished_tasks(b: Backend) {
     let (_d, store) = open(b);
     let a = submit(&store, "a");
     let b = submit(&store, "b");
     store.cancel(a).unwrap();
     let cleared = store
-        .clear_finished(0.0, &[TaskStatus::Cancelled, TaskStatus::Done, TaskStatus::Failed])
+        .clear_finished(0.0, &[TaskStatus::Cancelled, TaskStatus::Done, TaskStatus::Failed], &[])
         .unwrap();
     assert_eq!(cleared.iter().map(|t| t.id).collect::<Vec<_>>(), vec![a]);
     assert!(store.get(b).is_ok());
-    assert!(store.clear_finished(0.0, &[TaskStatus::Queued]).is_err());
-    assert!(store.clear_finished(3600.0, &[TaskStatus::Done]).unwrap().is_empty());
+    assert!(store.clear_finished(0.0, &[TaskStatus::Queued], &[]).is_err());
+    assert!(store.clear_finished(3600.0, &[TaskStatus::Done], &[]).unwrap().is_empty());
 }
 
 fn status_counts_blocked_apart_from_queued(b: Backend) {

@@ -323,6 +323,13 @@ impl Env {
         self.ok(&all).trim().parse().unwrap()
     }
 
+    /// The token the home's HTTP servers ask for by default (made by the first one started).
+    pub fn token(&self) -> String {
+        let path = self.home.join("token");
+        assert!(eventually(Duration::from_secs(10), || path.exists()), "no token in the home");
+        std::fs::read_to_string(path).unwrap().trim().to_owned()
+    }
+
     pub fn show(&self, id: i64) -> Value {
         serde_json::from_str(&self.ok(&["show", &id.to_string(), "--json"])).unwrap()
     }
@@ -551,6 +558,16 @@ pub fn start_serve(env: &Env, extra: &[&str]) -> (Child, u16) {
 /// waits for that line. Both pipes are drained in the background so the server never blocks on
 /// them; stdout's lines arrive on the returned channel.
 pub fn start_http(cmd: &mut Command) -> (Child, u16, std::sync::mpsc::Receiver<String>) {
+    let (child, port, stdout, _) = start_http_stderr(cmd);
+    (child, port, stdout)
+}
+
+/// `start_http`, also returning what the server printed on stderr up to its address line (its
+/// warnings).
+#[allow(dead_code)]
+pub fn start_http_stderr(
+    cmd: &mut Command,
+) -> (Child, u16, std::sync::mpsc::Receiver<String>, String) {
     use std::io::BufRead;
     let mut child =
         cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
@@ -559,12 +576,17 @@ pub fn start_http(cmd: &mut Command) -> (Child, u16, std::sync::mpsc::Receiver<S
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let mut tx = Some(tx);
+        let mut before = String::new();
         for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
             if let Some(rest) = line.split("http://127.0.0.1:").nth(1)
                 && let Some(port) = rest.split('/').next().and_then(|p| p.parse::<u16>().ok())
                 && let Some(tx) = tx.take()
             {
-                let _ = tx.send(port);
+                before.push_str(&line);
+                let _ = tx.send((port, std::mem::take(&mut before)));
+            } else if tx.is_some() {
+                before.push_str(&line);
+                before.push('\n');
             }
         }
     });
@@ -575,8 +597,9 @@ pub fn start_http(cmd: &mut Command) -> (Child, u16, std::sync::mpsc::Receiver<S
         }
     });
     let child = Child(child);
-    let port = rx.recv_timeout(Duration::from_secs(30)).expect("the server printed its URL");
-    (child, port, out_rx)
+    let (port, before) =
+        rx.recv_timeout(Duration::from_secs(30)).expect("the server printed its URL");
+    (child, port, out_rx, before)
 }
 
 /// A turn whose command writes its process group id to `marker` and sleeps.

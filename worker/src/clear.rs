@@ -13,8 +13,9 @@ pub fn clear_finished(
     home: &Home,
     older_than_s: f64,
     statuses: &[TaskStatus],
+    under: &[String],
 ) -> Result<Vec<Task>> {
-    let cleared = store.clear_finished(older_than_s, statuses)?;
+    let cleared = store.clear_finished(older_than_s, statuses, under)?;
     for task in &cleared {
         for p in [
             logs::log_path(&home.logs_dir(), task.id.0),

@@ -625,6 +625,15 @@ pub fn prepare_worktree(
     Ok(Prepared { branch, dir: dir.to_path_buf(), created: true, repairs })
 }
 
+/// The text of the file at `path` in `commit`'s tree; `None` when the commit has no such file.
+pub fn file_at(repo: &Path, commit: &str, path: &str) -> Result<Option<String>> {
+    let repo = Repository::open(repo)?;
+    let tree = repo.find_commit(Oid::from_str(commit)?)?.tree()?;
+    let Ok(entry) = tree.get_path(Path::new(path)) else { return Ok(None) };
+    let blob = entry.to_object(&repo)?.peel_to_blob()?;
+    Ok(Some(String::from_utf8_lossy(blob.content()).into_owned()))
+}
+
 /// `<dir>-2`, `<dir>-3`, …: the first that does not exist.
 fn free_dir(dir: &Path) -> PathBuf {
     (2u32..)

@@ -14,6 +14,11 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::Command;
 use tokio::sync::{mpsc, watch};
 
+/// TaskBridge's own secrets, kept out of every agent process (and so out of every command an
+/// agent runs, which inherits its environment): the HTTP token, the queue's location (a
+/// PostgreSQL URL holds its password) and a warm server's password that some other process set.
+pub const SECRET_ENV: [&str; 3] = ["TASKBRIDGE_DB", "TASKBRIDGE_TOKEN", "OPENCODE_SERVER_PASSWORD"];
+
 /// Why a run was stopped from outside.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StopReason {
@@ -271,7 +276,11 @@ pub async fn run_agent(
     on_spawn: impl FnOnce(i64, Option<String>),
     on_step: &mut (dyn FnMut(&RunLog) + Send),
 ) -> std::io::Result<AgentExit> {
-    let mut child = Command::new(&cmd.program)
+    let mut child = Command::new(&cmd.program);
+    for var in SECRET_ENV {
+        child.env_remove(var);
+    }
+    let mut child = child
         .args(&cmd.args)
         .current_dir(&cmd.cwd)
         // OpenCode takes its project directory from PWD, not from the real cwd: without this it

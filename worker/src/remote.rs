@@ -44,6 +44,30 @@ pub fn origin_url(repo: &Path) -> Option<String> {
     origin.url().ok().map(str::to_owned)
 }
 
+/// Refuses a remote that is neither a remote's name nor a URL: one that starts with `-` would be
+/// read by git as an option (`--upload-pack=…` runs a command), a control character has no
+/// place in either, and a `<helper>::` address (`ext::`, `fd::`) makes git run a program.
+pub fn check_remote(remote: &str) -> Result<()> {
+    let why = if remote.trim().is_empty() {
+        "it is empty"
+    } else if remote.starts_with('-') {
+        "it starts with '-', which git would read as an option"
+    } else if remote.chars().any(char::is_control) {
+        "it contains a control character"
+    } else if remote.split_once("::").is_some_and(|(helper, _)| {
+        !helper.is_empty() && helper.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+    }) {
+        "it names a remote helper ('<helper>::…'), which makes git run a program"
+    } else {
+        return Ok(());
+    };
+    Err(Error::Repo(format!(
+        "invalid remote {:?}: {why}; give a remote's name (origin) or its URL \
+         (https://host/repo.git, git@host:repo.git, /path/to/repo.git)",
+        remote
+    )))
+}
+
 /// The ref a submitter pushes a base to when no ref of the remote contains it.
 pub fn base_ref_name(base: &str) -> String {
     format!("refs/taskbridge/base/{base}")
@@ -54,7 +78,7 @@ pub fn base_ref_name(base: &str) -> String {
 /// unreachable remote or a refused push is an error that says so, and the caller stores
 /// nothing.
 pub fn ensure_fetchable(repo: &Path, remote: &str, base: &str) -> Result<Option<String>> {
-    let listed = git(repo, &["ls-remote", remote]).map_err(|e| {
+    let listed = git(repo, &["ls-remote", "--", remote]).map_err(|e| {
         Error::Repo(format!(
             "the remote {remote} cannot be reached, so a worker on another host could not fetch \
              this task's base: {e}; fix the remote (or pass --remote URL)"
@@ -71,7 +95,7 @@ pub fn ensure_fetchable(repo: &Path, remote: &str, base: &str) -> Result<Option<
         return Ok(None);
     }
     let target = base_ref_name(base);
-    git(repo, &["push", "--quiet", remote, &format!("{base}:{target}")]).map_err(|e| {
+    git(repo, &["push", "--quiet", "--", remote, &format!("{base}:{target}")]).map_err(|e| {
         Error::Repo(format!(
             "the base commit {} is on no ref of {remote}, so a worker on another host could not \
              fetch it, and pushing it to {target} failed: {e}; push the branch yourself, or \
@@ -114,12 +138,12 @@ pub fn sync_mirror(dir: &Path, remote: &str) -> Result<()> {
         let tmp = format!("{name}.partial");
         let _ = std::fs::remove_dir_all(parent.join(&tmp));
         git(parent, &["init", "--quiet", "--bare", &tmp]).map_err(Error::Repo)?;
-        git(&parent.join(&tmp), &["remote", "add", "origin", remote]).map_err(Error::Repo)?;
+        git(&parent.join(&tmp), &["remote", "add", "--", "origin", remote]).map_err(Error::Repo)?;
         // Renamed only once it is complete: a crash leaves a .partial, never a broken mirror.
         std::fs::rename(parent.join(&tmp), dir)
             .map_err(|e| Error::io(format!("creating the mirror {}", dir.display()), e))?;
     }
-    let mut args = vec!["fetch", "--quiet", "--prune", remote];
+    let mut args = vec!["fetch", "--quiet", "--prune", "--", remote];
     args.extend_from_slice(FETCH);
     git(dir, &args).map_err(|e| Error::Repo(format!("fetching {remote} into the mirror: {e}")))?;
     Ok(())
@@ -128,7 +152,7 @@ pub fn sync_mirror(dir: &Path, remote: &str) -> Result<()> {
 /// Pushes the task's branch from the mirror to the remote, replacing an earlier attempt's.
 pub fn push_branch(mirror: &Path, remote: &str, branch: &str) -> Result<()> {
     let spec = format!("+refs/heads/{branch}:refs/heads/{branch}");
-    git(mirror, &["push", "--quiet", remote, &spec])
+    git(mirror, &["push", "--quiet", "--", remote, &spec])
         .map(|_| ())
         .map_err(|e| Error::Repo(format!("pushing {branch} to {remote}: {e}")))
 }
@@ -137,7 +161,7 @@ pub fn push_branch(mirror: &Path, remote: &str, branch: &str) -> Result<()> {
 /// it can be merged or inspected; nothing to do when the branch is already here.
 pub fn fetch_branch(repo: &Path, remote: &str, branch: &str) -> Result<()> {
     let spec = format!("+refs/heads/{branch}:refs/heads/{branch}");
-    git(repo, &["fetch", "--quiet", remote, &spec])
+    git(repo, &["fetch", "--quiet", "--", remote, &spec])
         .map(|_| ())
         .map_err(|e| Error::Repo(format!("fetching {branch} from {remote}: {e}")))
 }
@@ -153,5 +177,32 @@ mod tests {
         assert_eq!(a, mirror_dir(m, "git://127.0.0.1:9418/app.git"));
         assert!(a.file_name().unwrap().to_str().unwrap().starts_with("app-"));
         assert_ne!(a, mirror_dir(m, "git@example.com:team/app.git"));
+    }
+
+    #[test]
+    fn a_remote_is_a_name_or_a_url_and_never_an_option_or_a_helper() {
+        for ok in [
+            "origin",
+            "https://example.com/team/app.git",
+            "git@example.com:team/app.git",
+            "ssh://git@example.com:2222/app.git",
+            "/srv/git/app.git",
+            "file:///srv/git/app.git",
+            "git://127.0.0.1:9418/app.git",
+        ] {
+            assert!(check_remote(ok).is_ok(), "{ok} was refused");
+        }
+        for (bad, why) in [
+            ("--upload-pack=id > /tmp/x; git-upload-pack", "option"),
+            ("-uorigin", "option"),
+            ("", "empty"),
+            ("   ", "empty"),
+            ("origin\nx", "control"),
+            ("ext::sh -c touch% /tmp/pwned", "helper"),
+            ("fd::17", "helper"),
+        ] {
+            let e = check_remote(bad).unwrap_err().to_string();
+            assert!(e.contains(why) && e.contains("invalid remote"), "{bad:?}: {e}");
+        }
     }
 }

@@ -138,12 +138,22 @@ pub struct PermissionsConfig {
 }
 
 impl RepoConfig {
-    /// The repository's `.taskbridge.toml` (an empty config when there is none), or what is
-    /// wrong with it.
-    pub fn read(repo: &Path) -> std::result::Result<RepoConfig, String> {
-        let path = repo.join(".taskbridge.toml");
-        let Ok(text) = std::fs::read_to_string(&path) else { return Ok(RepoConfig::default()) };
-        toml::from_str(&text).map_err(|e| format!("{} is not valid: {e}", path.display()))
+    /// The `.taskbridge.toml` committed in `commit` of the repository (an empty config when
+    /// that commit has none), or what is wrong with it. Never the working tree's: its setup and
+    /// verify commands run, so they come only from what was committed, not from an untracked
+    /// file or one an agent wrote.
+    pub fn at(repo: &Path, commit: &str) -> std::result::Result<RepoConfig, String> {
+        let name = format!(
+            ".taskbridge.toml in {repo}@{short}",
+            repo = repo.display(),
+            short = &commit[..commit.len().min(12)]
+        );
+        let text = match crate::git::file_at(repo, commit, ".taskbridge.toml") {
+            Ok(Some(text)) => text,
+            Ok(None) => return Ok(RepoConfig::default()),
+            Err(e) => return Err(format!("reading {name}: {e}")),
+        };
+        toml::from_str(&text).map_err(|e| format!("{name} is not valid: {e}"))
     }
 }
 
@@ -234,13 +244,17 @@ impl Worker {
         let id = format!("{host}:{}:{}", std::process::id(), fastrand::u32(..) % 100_000);
         let notifier = notify::Notifier::new(cfg.notify.clone());
         let server = (cfg.opencode_mode == OpenCodeMode::Serve).then(|| {
-            let mut env = Vec::new();
+            let mut content = cfg.opencode_config_content.clone();
             if let Some(bridge) = &cfg.claude_bridge {
-                env.push((
-                    "OPENCODE_CONFIG_CONTENT".to_owned(),
-                    with_bridge(cfg.opencode_config_content.as_deref(), bridge),
-                ));
+                content = Some(with_bridge(content.as_deref(), bridge));
             }
+            match crate::serve::env_plugin(&home) {
+                Ok(plugin) => content = Some(with_plugin(content.as_deref(), &plugin)),
+                // Said, not fatal: the agent's commands would see the server's password.
+                Err(e) => tracing::warn!(error = %e, "cannot write OpenCode's environment plugin"),
+            }
+            let env =
+                content.map(|c| ("OPENCODE_CONFIG_CONTENT".to_owned(), c)).into_iter().collect();
             crate::serve::ServeAgent::new(cfg.opencode.clone(), env, &home, &id)
         });
         Arc::new(Worker {
@@ -852,7 +866,7 @@ impl Worker {
             return lost_or(e);
         }
         if prepared.created
-            && let Some(error) = self.setup(task, &dir, log).await
+            && let Some(error) = self.setup(task, &start, &dir, log).await
         {
             return Ok(Some(Outcome::Failed {
                 error,
@@ -888,7 +902,9 @@ impl Worker {
         // --auto answers "ask" rules (which headless OpenCode would auto-reject, ending the run);
         // our explicit denies below still hold.
         args.push("--auto".into());
-        args.extend(["--title".into(), format!("taskbridge #{}: {}", id.0, task.title)]);
+        // The session's name only: a task's title is the user's text, and every user of the
+        // machine can read a command line.
+        args.extend(["--title".into(), format!("taskbridge #{}", id.0)]);
         if let Some(m) = &model {
             args.extend(["-m".into(), m.clone()]);
         }
@@ -983,7 +999,8 @@ impl Worker {
 
         // A failed check sends its output back to the agent in the same session: another turn
         // of this same run, up to the repository's `[verify] rounds`.
-        let verify = RepoConfig::read(Path::new(&task.repo)).map(|c| c.verify).unwrap_or_default();
+        let verify =
+            RepoConfig::at(Path::new(&task.repo), &start).map(|c| c.verify).unwrap_or_default();
         let mut verification: Vec<result::Check> = Vec::new();
         let mut verify_round = 0u32;
         let mut follow_session: Option<String> = None;
@@ -1851,8 +1868,14 @@ impl Worker {
 
     /// Runs the repository's set-up commands in a new worktree. Returns an error message if one
     /// fails.
-    async fn setup(&self, task: &Task, dir: &Path, log: &mut TaskLog) -> Option<String> {
-        let cfg = match RepoConfig::read(Path::new(&task.repo)) {
+    async fn setup(
+        &self,
+        task: &Task,
+        start: &str,
+        dir: &Path,
+        log: &mut TaskLog,
+    ) -> Option<String> {
+        let cfg = match RepoConfig::at(Path::new(&task.repo), start) {
             Ok(c) => c,
             Err(e) => return Some(e),
         };
@@ -1972,6 +1995,21 @@ pub fn with_bridge(inherited: Option<&str>, command: &[String]) -> String {
         doc["mcp"] = serde_json::json!({});
     }
     doc["mcp"][BRIDGE_MCP_NAME] = entry;
+    doc.to_string()
+}
+
+/// `OPENCODE_CONFIG_CONTENT` with the plugin file at `plugin` added to its `plugin` list.
+pub fn with_plugin(inherited: Option<&str>, plugin: &Path) -> String {
+    let mut doc = inherited
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(t).ok())
+        .filter(serde_json::Value::is_object)
+        .unwrap_or_else(|| serde_json::json!({}));
+    let spec = serde_json::Value::from(format!("file://{}", plugin.display()));
+    match doc["plugin"].as_array_mut() {
+        Some(list) if !list.contains(&spec) => list.push(spec),
+        Some(_) => {}
+        None => doc["plugin"] = serde_json::json!([spec]),
+    }
     doc.to_string()
 }
 

@@ -61,6 +61,31 @@ struct Parked {
 }
 
 /// The worker's OpenCode server: started on first use, started again if it died.
+/// An OpenCode plugin that blanks the warm server's password in the environment of every
+/// command the agent runs. OpenCode's shell tools start commands with the server's own
+/// environment, where the password is (`OPENCODE_SERVER_PASSWORD` is how `opencode serve` takes
+/// it), and apply the `shell.env` hook's variables over it; without this a command could call
+/// the server and read or drive every session on it. What it cannot stop (a command reading the
+/// server's `/proc/PID/environ`, which the same user may) the README says.
+const ENV_PLUGIN: &str = r#"// Written by TaskBridge (see worker/src/serve.rs): the agent's commands do not get the
+// OpenCode server's password.
+export const TaskbridgeEnv = async () => ({
+  "shell.env": async (_input, output) => {
+    output.env.OPENCODE_SERVER_PASSWORD = "";
+  },
+});
+"#;
+
+/// Writes the environment plugin into the home (each start: a newer TaskBridge may change it)
+/// and returns its path.
+pub fn env_plugin(home: &queue::Home) -> std::io::Result<PathBuf> {
+    let dir = home.root().join("opencode-plugin");
+    std::fs::create_dir_all(&dir)?;
+    let path = dir.join("taskbridge-env.js");
+    std::fs::write(&path, ENV_PLUGIN)?;
+    Ok(path)
+}
+
 pub struct ServeAgent {
     program: PathBuf,
     env: Vec<(String, String)>,
@@ -450,7 +475,11 @@ impl ServeAgent {
 
     async fn start(&self) -> std::io::Result<Running> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-        let mut child = tokio::process::Command::new(&self.program)
+        let mut child = tokio::process::Command::new(&self.program);
+        for var in crate::process::SECRET_ENV {
+            child.env_remove(var);
+        }
+        let mut child = child
             .args(["serve", "--port", &port.to_string(), "--hostname", "127.0.0.1"])
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .env("OPENCODE_SERVER_PASSWORD", &self.password)

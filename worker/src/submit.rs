@@ -25,12 +25,26 @@ impl SubmitRequest {
 
     /// Checks the repository and ref and produces the queue's spec.
     pub fn resolve(self, cwd: &Path) -> Result<TaskSpec> {
+        if let Some(remote) = &self.spec.remote {
+            crate::remote::check_remote(remote)?;
+        }
+        // A model reaches an agent's command line as the value of `-m`/`--model`: one that
+        // starts with '-' would be read as another option.
+        for (field, value) in [("model", &self.spec.model), ("agent", &self.spec.agent)] {
+            if let Some(v) = value.as_deref().filter(|v| v.starts_with('-')) {
+                return Err(crate::Error::Config(format!(
+                    "invalid {field} {v:?}: it starts with '-', which the agent would read as \
+                     an option; give its name (a model as provider/model, e.g. \
+                     anthropic/claude-sonnet-4-5)"
+                )));
+            }
+        }
         let repo = if self.repo.is_absolute() { self.repo } else { cwd.join(&self.repo) };
         let resolved = git::resolve_repo(&repo, self.base_ref.as_deref())?;
         let mut spec = self.spec;
         // The repository's own `ask` rules join the task's.
-        let repo_cfg =
-            crate::runner::RepoConfig::read(&resolved.toplevel).map_err(crate::Error::Config)?;
+        let repo_cfg = crate::runner::RepoConfig::at(&resolved.toplevel, &resolved.base)
+            .map_err(crate::Error::Config)?;
         for rule in repo_cfg.permissions.ask {
             if !spec.ask.contains(&rule) {
                 spec.ask.push(rule);

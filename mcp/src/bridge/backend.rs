@@ -379,6 +379,9 @@ impl Cli {
     /// question, it does not hand Claude the machine.
     async fn ask(&self, ask: &Ask) -> Result<Answer> {
         let mut cmd = tokio::process::Command::new(&self.program);
+        for var in worker::process::SECRET_ENV {
+            cmd.env_remove(var);
+        }
         cmd.args(["-p", "--output-format", "json", "--no-session-persistence", "--tools", ""]);
         if let Some(model) = ask.model.as_ref().or(self.default_model.as_ref()) {
             cmd.args(["--model", model]);
