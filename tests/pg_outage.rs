@@ -39,32 +39,54 @@ fn worker(env: &Env, agent: &Path) -> Child {
     )
 }
 
-#[test]
-fn workers_ride_out_a_server_restart_and_every_task_ends_done_once() {
-    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let env = Env::new().on_postgres();
+/// A stand-in agent that appends its task's branch to `runs.txt` (so a task run twice shows
+/// twice), leaves a file and sleeps `secs`; and that file.
+fn recording_agent(env: &Env, secs: f64) -> (std::path::PathBuf, std::path::PathBuf) {
     let runs = env.dir.path().join("runs.txt");
-    // Each run appends its task's worktree name, so a task run twice would show twice.
     let agent = script(
         env.dir.path(),
         "agent",
         &format!(
-            "cat > /dev/null\nbasename \"$PWD\" >> '{}'\nbasename \"$PWD\" > agent-was-here.txt\nsleep 0.3\n",
+            "cat > /dev/null\ngit symbolic-ref --short HEAD >> '{}'\necho done > agent-was-here.txt\nsleep {secs}\n",
             runs.display()
         ),
     );
+    (agent, runs)
+}
+
+/// Every task ran, and none more often than its attempts: a run is repeated only by a new
+/// attempt (a lease that lapsed, a killed worker), never twice at once or completed twice.
+fn each_ran_once_per_attempt(env: &Env, runs: &Path, ids: &[i64]) {
+    let runs = std::fs::read_to_string(runs).unwrap();
+    for &id in ids {
+        let t = env.show(id);
+        let n = runs.lines().filter(|l| *l == format!("taskbridge/task-{id}")).count();
+        assert!(
+            n >= 1 && n as i64 <= t["attempts"].as_i64().unwrap(),
+            "task {id} ran {n} times: {t:#}"
+        );
+    }
+}
+
+/// How many tasks are in `status`.
+fn count(env: &Env, status: &str) -> u64 {
+    let st: Value = serde_json::from_str(&env.ok(&["status", "--json"])).unwrap();
+    st["counts"][status].as_u64().unwrap_or(0)
+}
+
+#[test]
+fn workers_ride_out_a_server_restart_and_every_task_ends_done_once() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let env = Env::new().on_postgres();
+    let (agent, runs) = recording_agent(&env, 0.3);
     let ids: Vec<i64> = (0..16).map(|i| env.submit(&[&format!("task {i}")])).collect();
     let other = env.sharing_queue();
     let _w1 = worker(&env, &agent);
     let _w2 = worker(&other, &agent);
     // Restart while tasks are claimed, running and finishing: once the first agents run, and
     // again once the first tasks are done.
-    let count = |status: &str| -> u64 {
-        let st: serde_json::Value = serde_json::from_str(&env.ok(&["status", "--json"])).unwrap();
-        st["counts"][status].as_u64().unwrap_or(0)
-    };
     for status in ["running", "done"] {
-        assert!(eventually(Duration::from_secs(60), || count(status) > 0), "no task got {status}");
+        assert!(eventually(Duration::from_secs(60), || count(&env, status) > 0), "no {status}");
         restart_server();
     }
     for &id in &ids {
@@ -73,15 +95,7 @@ fn workers_ride_out_a_server_restart_and_every_task_ends_done_once() {
         });
         assert_eq!(t["status"], "done", "task {id}: {t:#}");
     }
-    let runs = std::fs::read_to_string(&runs).unwrap();
-    for &id in &ids {
-        let n = runs.lines().filter(|l| *l == format!("task-{id}")).count();
-        let t = env.show(id);
-        // A run is repeated only by a new attempt (a lease that lapsed while the server was
-        // down); no task is run twice at once or completed twice.
-        assert!(n >= 1, "task {id} never ran");
-        assert!(n as i64 <= t["attempts"].as_i64().unwrap(), "task {id} ran {n} times: {t:#}");
-    }
+    each_ran_once_per_attempt(&env, &runs, &ids);
     let st: serde_json::Value = serde_json::from_str(&env.ok(&["status", "--json"])).unwrap();
     assert_eq!(st["counts"]["done"], ids.len());
     assert_eq!(st["workers_alive"], 2, "both workers are still alive");
@@ -136,26 +150,13 @@ fn a_killed_listener_connection_reconnects_and_pickup_still_happens() {
 fn after_kills_and_a_server_restart_every_task_is_done_soon_after_the_last_fault() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let env = Env::new().on_postgres();
-    let runs = env.dir.path().join("runs.txt");
-    let agent = script(
-        env.dir.path(),
-        "agent",
-        &format!(
-            // Each run appends its task's branch, so a task run twice shows twice.
-            "cat > /dev/null\ngit symbolic-ref --short HEAD >> '{}'\necho done > agent-was-here.txt\nsleep 0.5\n",
-            runs.display()
-        ),
-    );
+    let (agent, runs) = recording_agent(&env, 0.5);
     // Kills use attempts (a task that crashes its worker must not loop for ever); this test is
     // about every task getting run, so each has attempts to spare.
     let ids: Vec<i64> =
         (0..40).map(|i| env.submit(&[&format!("task {i}"), "--max-attempts", "10"])).collect();
     let mut workers: Vec<Child> = (0..3).map(|_| worker(&env, &agent)).collect();
-    let count = |status: &str| -> u64 {
-        let st: serde_json::Value = serde_json::from_str(&env.ok(&["status", "--json"])).unwrap();
-        st["counts"][status].as_u64().unwrap_or(0)
-    };
-    assert!(eventually(Duration::from_secs(60), || count("running") > 0), "no task started");
+    assert!(eventually(Duration::from_secs(60), || count(&env, "running") > 0), "none started");
     for kill in 0..4 {
         // Each victim is killed while it runs tasks, mid-agent.
         let victim = kill % workers.len();
@@ -170,7 +171,7 @@ fn after_kills_and_a_server_restart_every_task_is_done_soon_after_the_last_fault
     // The last fault was the fourth kill. Recovery needs a dead peer noticed (about a second), a
     // lease to lapse (5 s here) and the remaining tasks' runs: 90 s is far beyond all of it.
     let last_fault = std::time::Instant::now();
-    let all_done = eventually(Duration::from_secs(90), || count("done") == ids.len() as u64);
+    let all_done = eventually(Duration::from_secs(90), || count(&env, "done") == ids.len() as u64);
     eprintln!("every task was done {:?} after the last fault", last_fault.elapsed());
     if !all_done {
         let left: Vec<Value> =
@@ -195,13 +196,5 @@ fn after_kills_and_a_server_restart_every_task_is_done_soon_after_the_last_fault
             String::from_utf8_lossy(&admin.stdout)
         );
     }
-    let runs = std::fs::read_to_string(&runs).unwrap();
-    for &id in &ids {
-        let t = env.show(id);
-        let n = runs.lines().filter(|l| *l == format!("taskbridge/task-{id}")).count();
-        assert!(
-            n >= 1 && n as i64 <= t["attempts"].as_i64().unwrap(),
-            "task {id} ran {n} times: {t:#}"
-        );
-    }
+    each_ran_once_per_attempt(&env, &runs, &ids);
 }
