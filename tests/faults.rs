@@ -733,3 +733,40 @@ fn a_task_left_running_by_another_homes_dead_worker_runs_here_on_a_branch_of_its
         "the other home's worktree is left alone"
     );
 }
+
+#[test]
+fn a_queue_migrated_from_sqlite_to_postgres_keeps_the_home_and_its_worktrees_stay_apart() {
+    let env = Env::new();
+    let mock = MockAnthropic::spawn(vec![result_block("Done."); 3]);
+    mock.answer_when("Before the move", Turn::bash("echo one > one.txt"));
+    mock.answer_when("Queued across the move", Turn::bash("echo two > two.txt"));
+    mock.answer_when("After the move", Turn::bash("echo three > three.txt"));
+    let env = env.with_mock(&mock);
+    let one = env.submit(&["Before the move", "--keep-worktree"]);
+    let mut w = env.start_worker_with(1, &["--opencode", "run"]);
+    let t1 = env.wait_status(one, "done", RUN);
+    w.terminate();
+    let two = env.submit(&["Queued across the move"]);
+    // The same home, its queue copied to a PostgreSQL schema; the home's worktrees stay.
+    let mut pg = Env::new().on_postgres();
+    let target = pg.db.clone().unwrap();
+    let sqlite = env.home.join("taskbridge.db");
+    env.ok(&["migrate", "--from", &format!("sqlite:{}", sqlite.display()), "--to", &target]);
+    pg.home = env.home.clone();
+    pg.repo = env.repo.clone();
+    pg.oc_home = env.oc_home.clone();
+    let pg = pg.with_mock(&mock);
+    let three = pg.submit(&["After the move"]);
+    let _w = pg.start_worker_with(1, &["--opencode", "run"]);
+    for (id, file) in [(two, "two.txt"), (three, "three.txt")] {
+        let t = pg.wait_task(id, RUN, |t| t["status"] == "done" || t["status"] == "failed");
+        assert_eq!(t["status"], "done", "{t:#}\n{}", pg.log(id));
+        assert_eq!(files(&t), [file], "only its own work: {}", pg.log(id));
+        assert_ne!(t["worktree"], t1["worktree"], "{t:#}");
+    }
+    // The task done before the move keeps its worktree and branch as they were.
+    let kept = PathBuf::from(t1["worktree"].as_str().unwrap());
+    assert!(kept.join("one.txt").exists() && !kept.join("two.txt").exists());
+    let b1 = t1["branch"].as_str().unwrap();
+    assert_eq!(git_out(&env.repo, &["rev-parse", b1]), t1["result"]["commit"].as_str().unwrap());
+}
