@@ -5,7 +5,10 @@
 
 mod support;
 
+use serde_json::json;
+use std::path::Path;
 use std::process::Command;
+use support::mock_anthropic::{MockAnthropic, Turn};
 use support::*;
 
 /// Runs `claude` (the pinned CLI) in the test's HOME with nothing of the machine's own config.
@@ -77,4 +80,38 @@ fn config_claude_code_says_when_taskbridge_is_registered_and_its_remove_line_mak
     assert!(listed(&list, "taskbridge").contains("Connected"), "{list}");
     claude(&env, "claude mcp remove taskbridge -s user");
     assert!(!env.ok(&["config", "claude-code"]).contains("already registered"));
+}
+
+/// The flag the README gives for `claude -p`, read from the README itself.
+fn readme_allowed_tools() -> String {
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"));
+    let readme = readme.unwrap();
+    let at = readme.find("`--allowedTools ").expect("the README gives --allowedTools");
+    readme[at + 1..].split('`').next().unwrap().to_owned()
+}
+
+#[test]
+fn claude_p_calls_taskbridges_tools_with_the_flag_the_readme_gives_and_not_without() {
+    let mock = MockAnthropic::spawn(vec![]);
+    mock.answer_when("Ping TaskBridge", Turn::tool("mcp__taskbridge__ping", json!({})));
+    let env = Env::new().with_claude(&mock);
+    env.ok(&["config", "claude-code", "--write"]);
+    let flag = readme_allowed_tools();
+    assert_eq!(flag, "--allowedTools mcp__taskbridge");
+    // What Claude Code sent back after the tool call: its result, or why it did not run.
+    let tool_result = |flags: &str| -> String {
+        let before = mock.requests().len();
+        mock.push([Turn::text("Seen.")]);
+        // The prompt first: the flag takes several values (the README says so).
+        claude(&env, &format!("claude -p 'Ping TaskBridge' {flags}"));
+        mock.requests()[before..]
+            .iter()
+            .map(|r| r["messages"].to_string())
+            .find(|m| m.contains("tool_result"))
+            .unwrap_or_else(|| panic!("no tool result reached the model: {:?}", mock.requests()))
+    };
+    let allowed = tool_result(&flag);
+    assert!(allowed.contains("version") && allowed.contains("workers_alive"), "{allowed}");
+    let denied = tool_result("");
+    assert!(!denied.contains("workers_alive"), "the tool ran without the flag: {denied}");
 }
