@@ -58,13 +58,21 @@ fn start_tui(env: &Env, args: &str, width: u32) -> Tmux {
 }
 
 fn start_tui_with(env: &Env, args: &str, width: u32, extra: &[(&str, &str)]) -> Tmux {
-    let script = env.dir.path().join(format!("tui-{width}.sh"));
+    start_in_tmux(env, &format!("exec '{}' tui {args}", bin().display()), width, extra)
+}
+
+/// Runs the shell line `run` in the repository, in a fresh tmux server, with this test's
+/// environment.
+fn start_in_tmux(env: &Env, run: &str, width: u32, extra: &[(&str, &str)]) -> Tmux {
+    static SCRIPTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let k = SCRIPTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let script = env.dir.path().join(format!("tmux-{width}-{k}.sh"));
     let mut text = String::from("#!/bin/sh\n");
     let extra = extra.iter().map(|(k, v)| (k.to_string(), v.to_string()));
     for (k, v) in env.env_vars().into_iter().chain(extra) {
         text.push_str(&format!("export {k}='{}'\n", v.replace('\'', "'\\''")));
     }
-    text.push_str(&format!("cd '{}'\nexec '{}' tui {args}\n", env.repo.display(), bin().display()));
+    text.push_str(&format!("cd '{}'\n{run}\n", env.repo.display()));
     std::fs::write(&script, text).unwrap();
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
     // One tmux server per test: tests run in parallel in this process.
@@ -487,4 +495,44 @@ fn the_detail_shows_a_done_tasks_work_and_a_new_task_is_selected() {
     assert!(screen.contains("#2 "), "the new task is the one selected:\n{screen}");
     assert!(screen.contains("- hello: the usual one"), "{screen}");
     assert!(screen.contains("- hi: a short one"), "{screen}");
+}
+
+#[test]
+fn diff_on_a_terminal_is_coloured_and_paged_and_plain_into_a_pipe() {
+    let env = Env::new();
+    // A stand-in agent whose change is longer than the screen, so the pager has to page.
+    let agent = script(
+        env.dir.path(),
+        "agent",
+        "cat > /dev/null\nseq 1 200 | sed 's/^/line /' > long.txt\n",
+    );
+    let id = env.submit(&["Write a long file"]);
+    let out = env
+        .cmd()
+        .args(["worker", "--once"])
+        .env("TASKBRIDGE_OPENCODE", &agent)
+        .env("TASKBRIDGE_OPENCODE_MODE", "run")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(env.show(id)["status"], "done", "{}", env.log(id));
+    // No PAGER set: git's own choice, less with colours; `q` leaves it.
+    let bin = bin().display().to_string();
+    let tmux = start_in_tmux(
+        &env,
+        &format!("unset PAGER LESS; '{bin}' diff {id}; echo diff-exited-$?; sleep 60"),
+        100,
+        &[],
+    );
+    let screen = tmux.wait_for("+line 1");
+    assert!(!screen.contains("+line 200"), "the whole diff at once, no pager: {screen}");
+    let coloured =
+        String::from_utf8_lossy(&tmux.cmd(&["capture-pane", "-p", "-e", "-t", "tb"]).stdout)
+            .into_owned();
+    assert!(coloured.contains("\x1b[32m+line 1"), "additions are not green: {coloured:?}");
+    tmux.keys(&["q"]);
+    tmux.wait_for("diff-exited-0");
+    // Into a pipe: plain text, all of it.
+    let piped = env.ok(&["diff", &id.to_string()]);
+    assert!(piped.contains("+line 200") && !piped.contains('\x1b'), "{piped}");
 }
