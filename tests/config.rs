@@ -21,10 +21,10 @@ fn recording_agent(dir: &Path) -> PathBuf {
         dir,
         "agent",
         &format!(
-            "cat > /dev/null\n\
+            "prompt=$(cat)\n\
              echo \"ARGS $(basename \"$PWD\") $*\" >> '{log}'\n\
              echo \"BRIDGE $(basename \"$PWD\") ${{OPENCODE_CONFIG_CONTENT:-none}}\" >> '{log}'\n\
-             case \"$*\" in *fail-me*) exit 3;; esac\n",
+             case \"$prompt\" in *fail-me*) exit 3;; esac\n",
             log = log.display()
         ),
     )
