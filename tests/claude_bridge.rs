@@ -536,6 +536,9 @@ fn over_http_the_bridge_is_guarded_like_the_main_server() {
         200
     );
     assert_eq!(support::post(p, &format!("127.0.0.1:{p}"), None), 401);
+    for wrong in support::near_misses("bridge-secret-0123456789abcdef0123456789") {
+        assert_eq!(support::post(p, &format!("127.0.0.1:{p}"), Some(&wrong)), 401, "{wrong}");
+    }
     assert_eq!(
         support::post(p, "evil.example", Some("bridge-secret-0123456789abcdef0123456789")),
         403

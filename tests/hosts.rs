@@ -367,3 +367,40 @@ fn use_remote_in_the_config_file_runs_from_the_mirror() {
     assert_eq!(t["result"]["pushed_to"], format!("{} taskbridge/task-{id}", daemon.url));
     assert!(env.log(id).contains("--use-remote: running from the mirror"));
 }
+
+#[test]
+fn a_change_from_another_process_wakes_wait_for_through_notify_alone() {
+    // The poll is a minute (the longest there is): only NOTIFY can wake the server's wait_for
+    // within its 40 s.
+    let mut env = Env::new().on_postgres();
+    let slow = format!("{}&poll_ms=60000", env.db.clone().unwrap());
+    env.db = Some(slow);
+    let id = env.submit(&["Wait for me"]);
+    let (_server, p) = start_serve(&env, &["--no-worker"]);
+    let token = env.token();
+    let cancel = {
+        let cmd = env.cmd();
+        std::thread::spawn(move || {
+            // Once the call is waiting (it reads the task first), another process changes it.
+            std::thread::sleep(Duration::from_secs(2));
+            let mut cmd = cmd;
+            let out = cmd.args(["cancel", &id.to_string()]).output().unwrap();
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        })
+    };
+    let body = serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "wait_for", "arguments": {"task_ids": [id], "timeout_s": 40}}});
+    let asked = std::time::Instant::now();
+    let resp = mcp_call(p, &token, &body.to_string());
+    let waited = asked.elapsed();
+    cancel.join().unwrap();
+    // Not a speed check: at its deadline wait_for reads the task again and would report the
+    // cancel too, so what shows the wake-up came (from NOTIFY, the only source) is that the call
+    // ended well before it.
+    assert!(waited < Duration::from_secs(30), "wait_for was not woken: {waited:?}");
+    let answer = resp.lines().find_map(|l| l.strip_prefix("data: ").filter(|d| d.starts_with('{')));
+    let answer: serde_json::Value = serde_json::from_str(answer.expect(&resp)).unwrap();
+    let got = &answer["result"]["structuredContent"];
+    assert_eq!(got["timed_out"], false, "the change was never seen: {got}");
+    assert_eq!(got["cancelled"], serde_json::json!([id]), "{got}");
+}

@@ -293,3 +293,36 @@ fn a_followup_resumes_the_parents_session_on_a_new_branch_with_only_the_new_chan
     let out = env.run(&["followup", "999", "x"]);
     assert!(!out.status.success());
 }
+
+#[test]
+fn merge_into_a_branch_checked_out_in_a_linked_worktree_waits_for_it_to_be_clean() {
+    let env = Env::new();
+    let agent = script(env.dir.path(), "agent", "cat > /dev/null\necho new > feature.txt\n");
+    let id = env.submit(&["Add the feature file"]).to_string();
+    let out = env
+        .cmd()
+        .args(["worker", "--once"])
+        .env("TASKBRIDGE_OPENCODE", &agent)
+        .env("TASKBRIDGE_OPENCODE_MODE", "run")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // The user's own linked worktree, on branch `side`, with work of theirs not committed.
+    let side = env.dir.path().join("side");
+    git(&env.repo, &["worktree", "add", "-q", "-b", "side", side.to_str().unwrap()]);
+    std::fs::write(side.join("README.md"), "my unsaved edit\n").unwrap();
+    let before = git_out(&env.repo, &["rev-parse", "side"]);
+    let refused = env.run(&["merge", &id, "--into", "side"]);
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "merged under uncommitted changes");
+    assert!(err.contains("README.md") && err.contains(side.to_str().unwrap()), "{err}");
+    assert_eq!(git_out(&env.repo, &["rev-parse", "side"]), before, "the branch moved");
+    assert_eq!(std::fs::read_to_string(side.join("README.md")).unwrap(), "my unsaved edit\n");
+    assert!(!side.join("feature.txt").exists());
+    // Clean, the merge goes through and the linked worktree shows it, as `git merge` would.
+    git(&side, &["checkout", "--", "README.md"]);
+    env.ok(&["merge", &id, "--into", "side"]);
+    assert_ne!(git_out(&env.repo, &["rev-parse", "side"]), before);
+    assert_eq!(std::fs::read_to_string(side.join("feature.txt")).unwrap(), "new\n");
+    assert_eq!(git_out(&side, &["status", "--porcelain"]), "", "the worktree matches its branch");
+}

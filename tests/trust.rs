@@ -10,8 +10,6 @@ mod support;
 use std::os::unix::fs::PermissionsExt;
 use support::*;
 
-const INIT: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
-
 #[test]
 fn the_default_server_asks_every_caller_for_the_token_it_keeps_in_the_home() {
     let env = Env::new();
@@ -24,14 +22,13 @@ fn the_default_server_asks_every_caller_for_the_token_it_keeps_in_the_home() {
     assert_eq!(post(&p, &host, None), 401, "no token");
     assert_eq!(post(&p, &host, Some(&token)), 200);
     // Wrong tokens of the right length: one differing only in its last byte, one in its first.
-    let last = format!("{}{}", &token[..63], if token.ends_with('0') { '1' } else { '0' });
-    let first = format!("{}{}", if token.starts_with('0') { '1' } else { '0' }, &token[1..]);
+    let [last, first] = near_misses(&token);
     assert_eq!(post(&p, &host, Some(&last)), 401, "last byte wrong");
     assert_eq!(post(&p, &host, Some(&first)), 401, "first byte wrong");
     // A burst of wrong tokens is slowed (429, Retry-After); the right one keeps working.
     let mut throttled = None;
     for _ in 0..12 {
-        let (status, resp) = post_body(p, &host, Some(&last), INIT);
+        let (status, resp) = post_body(p, &host, Some(&last), INITIALIZE);
         if status == 429 {
             throttled = Some(resp);
             break;
@@ -119,7 +116,7 @@ fn another_local_user_cannot_drive_the_default_server_or_read_its_token() {
     };
     let call = format!(
         "import urllib.request as u, urllib.error as e\n\
-         r = u.Request('http://127.0.0.1:{p}/mcp', data=b'''{INIT}''', method='POST', headers={{\
+         r = u.Request('http://127.0.0.1:{p}/mcp', data=b'''{INITIALIZE}''', method='POST', headers={{\
          'Content-Type': 'application/json', 'Accept': 'application/json, text/event-stream'}})\n\
          try:\n    print(u.urlopen(r).status)\nexcept e.HTTPError as x:\n    print(x.code)\n"
     );
@@ -163,24 +160,6 @@ fn a_remote_that_git_would_read_as_an_option_is_refused_over_the_cli_and_mcp() {
     assert!(resp.contains("invalid remote"), "{resp}");
     assert!(!witness.exists(), "git ran the remote as an option");
     assert!(env.ok(&["list"]).contains("no tasks"), "a refused submit stored a task");
-}
-
-/// One `tools/call` on a fresh session of the server at `p`; the whole response.
-fn mcp_call(p: u16, token: &str, body: &str) -> String {
-    let host = format!("127.0.0.1:{p}");
-    let auth = format!("Authorization: Bearer {token}\r\n");
-    let (status, resp) = post_with(p, &host, &auth, INIT);
-    assert_eq!(status, 200, "{resp}");
-    let id = resp
-        .lines()
-        .find(|l| l.to_ascii_lowercase().starts_with("mcp-session-id:"))
-        .and_then(|l| l.split_once(':'))
-        .map(|(_, v)| v.trim().to_owned())
-        .unwrap_or_else(|| panic!("no session id: {resp}"));
-    let session = format!("{auth}Mcp-Session-Id: {id}\r\nMcp-Protocol-Version: 2025-11-25\r\n");
-    let done = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
-    post_with(p, &host, &session, done);
-    post_with(p, &host, &session, body).1
 }
 
 #[test]

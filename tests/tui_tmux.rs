@@ -283,6 +283,9 @@ fn the_default_tui_runs_tasks_and_every_key_reaches_the_queue() {
     // It asks for the home's token, like `serve`.
     assert_eq!(post(p, &format!("127.0.0.1:{p}"), Some(&env.token())), 200);
     assert_eq!(post(p, &format!("127.0.0.1:{p}"), None), 401);
+    for wrong in near_misses(&env.token()) {
+        assert_eq!(post(p, &format!("127.0.0.1:{p}"), Some(&wrong)), 401, "{wrong}");
+    }
 
     // n: the dialog starts with the TUI's directory as the repository.
     tmux.keys(&["n"]);

@@ -479,10 +479,42 @@ pub fn fake_cloudflared(dir: &Path, then: &str) -> PathBuf {
     )
 }
 
+/// Tokens of the same length as `token` that are wrong: one differing only in its last byte, one
+/// only in its first (a comparison that stops early, or checks only the length, lets them in).
+#[allow(dead_code)]
+pub fn near_misses(token: &str) -> [String; 2] {
+    let flip = |c: char| if c == '0' { '1' } else { '0' };
+    let n = token.len();
+    let last = format!("{}{}", &token[..n - 1], flip(token.chars().last().unwrap()));
+    let first = format!("{}{}", flip(token.chars().next().unwrap()), &token[1..]);
+    [last, first]
+}
+
+/// An `initialize` request body.
+pub const INITIALIZE: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
+
+#[allow(dead_code)]
+/// One `tools/call` on a fresh session of the server at `p`; the whole response.
+pub fn mcp_call(p: u16, token: &str, body: &str) -> String {
+    let host = format!("127.0.0.1:{p}");
+    let auth = format!("Authorization: Bearer {token}\r\n");
+    let (status, resp) = post_with(p, &host, &auth, INITIALIZE);
+    assert_eq!(status, 200, "{resp}");
+    let id = resp
+        .lines()
+        .find(|l| l.to_ascii_lowercase().starts_with("mcp-session-id:"))
+        .and_then(|l| l.split_once(':'))
+        .map(|(_, v)| v.trim().to_owned())
+        .unwrap_or_else(|| panic!("no session id: {resp}"));
+    let session = format!("{auth}Mcp-Session-Id: {id}\r\nMcp-Protocol-Version: 2025-11-25\r\n");
+    let done = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
+    post_with(p, &host, &session, done);
+    post_with(p, &host, &session, body).1
+}
+
 /// A raw HTTP POST of `initialize`; returns the status code.
 pub fn post(port: u16, host: &str, token: Option<&str>) -> u16 {
-    let body = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
-    post_body(port, host, token, body).0
+    post_body(port, host, token, INITIALIZE).0
 }
 
 /// A raw HTTP POST; returns the status code and the whole response.
