@@ -204,6 +204,26 @@ fn a_permission_rejected_with_feedback_reaches_the_model_and_the_command_never_r
 }
 
 #[test]
+fn a_bare_reject_fails_the_task_saying_so_and_the_command_never_runs() {
+    let env = Env::new();
+    let mock = MockAnthropic::spawn(vec![
+        Turn::bash("echo deploy-prod > deployed.txt"),
+        Turn::text(result_block("Deployed anyway.")),
+    ]);
+    let env = env.with_mock(&mock);
+    let id = env.submit(&["Deploy it", "--ask", "bash:echo deploy*"]);
+    let _worker = serve_worker(&env);
+    env.wait_status(id, "waiting", RUN);
+    env.ok(&["answer", &id.to_string(), "reject"]);
+    let t = env.wait_task(id, RUN, |t| t["status"] == "done" || t["status"] == "failed");
+    assert_eq!(t["status"], "failed", "a rejected permission is not done work: {t:#}");
+    let error = t["error"].as_str().unwrap_or_default();
+    assert!(error.contains("reject"), "the error says the permission was rejected: {error}");
+    assert!(!env.worktree(id).join("deployed.txt").exists(), "the rejected command ran");
+    assert_eq!(permission_requests(&t)[0]["answer"], "reject", "{t:#}");
+}
+
+#[test]
 fn always_approves_the_rest_of_the_task_without_asking_again() {
     let env = Env::new();
     let mock = MockAnthropic::spawn(vec![
