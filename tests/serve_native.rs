@@ -308,6 +308,43 @@ fn a_budget_stop_fails_the_task_naming_the_budget_and_leaves_nothing_running() {
 }
 
 #[test]
+fn a_cost_budget_waits_and_continue_continue_x_and_stop_each_do_what_they_say() {
+    let env = Env::new();
+    let mock = spender();
+    mock.push([Turn::bash("echo four >> steps.txt"), Turn::text(result_block("Stopped."))]);
+    let env = env.with_mock(&mock);
+    // A hundredth of a cent: the first step of the mock's model costs more.
+    let id = env.submit(&["Spend money", "--max-cost-usd", "0.0001"]);
+    let _worker = serve_worker(&env);
+    let t = env.wait_status(id, "waiting", RUN);
+    assert_eq!(t["ask"]["kind"], "budget", "{t:#}");
+    let b = &t["ask"]["budget"];
+    assert_eq!((b["limit"].as_str(), b["max"].as_f64()), (Some("cost"), Some(0.0001)), "{b}");
+    assert!(b["spent"].as_f64().unwrap() > 0.0001, "{b}");
+    assert!(t["question"].as_str().unwrap().contains("$0.0001"), "{t:#}");
+    // `continue`: the limit goes up by the original amount, which the next step passes again.
+    env.ok(&["answer", &id.to_string(), "continue"]);
+    let asked_at = t["questions"].as_array().unwrap().len();
+    let t = env.wait_task(id, RUN, |t| {
+        t["status"] == "waiting" && t["questions"].as_array().unwrap().len() > asked_at
+    });
+    assert_eq!(t["budget"]["max_cost_usd"], 0.0002, "{t:#}");
+    // `continue X`: the limit X, enough for the rest.
+    env.ok(&["answer", &id.to_string(), "continue 5"]);
+    let t = env.wait_status(id, "done", RUN);
+    assert_eq!(t["budget"]["max_cost_usd"], 5.0);
+    assert_eq!(t["result"]["summary"], "Spent and finished.");
+    assert!(t["result"]["usage"]["cost_usd"].as_f64().unwrap() > 0.0002, "{t:#}");
+    // `stop` on another: it fails naming the budget.
+    let two = env.submit(&["Spend more money", "--max-cost-usd", "0.0001"]);
+    env.wait_status(two, "waiting", RUN);
+    env.ok(&["answer", &two.to_string(), "stop"]);
+    let t = env.wait_status(two, "failed", RUN);
+    let error = t["error"].as_str().unwrap();
+    assert!(error.contains("task budget") && error.contains("$0.0001"), "{error}");
+}
+
+#[test]
 fn kill_9_of_the_opencode_server_alone_restarts_it_and_the_task_goes_on_in_its_session() {
     let env = Env::new();
     let mock = MockAnthropic::spawn(vec![
