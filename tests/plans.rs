@@ -326,3 +326,41 @@ fn merge_into_a_branch_checked_out_in_a_linked_worktree_waits_for_it_to_be_clean
     assert_eq!(std::fs::read_to_string(side.join("feature.txt")).unwrap(), "new\n");
     assert_eq!(git_out(&side, &["status", "--porcelain"]), "", "the worktree matches its branch");
 }
+
+#[test]
+fn a_stacked_task_retried_after_a_failed_attempt_starts_again_from_its_dependencys_work() {
+    let env = Env::new();
+    let failed_once = env.dir.path().join("failed-once");
+    // The dependent's first attempt fails; every other run writes its own file.
+    let agent = script(
+        env.dir.path(),
+        "agent",
+        &format!(
+            "prompt=$(cat)\ncase \"$prompt\" in\n\
+             *Dependent*) if [ ! -e '{f}' ]; then touch '{f}'; exit 3; fi\n\
+             echo b > b.txt;;\n\
+             *) echo a > a.txt;;\nesac\n",
+            f = failed_once.display()
+        ),
+    );
+    let a = env.submit(&["Base work"]);
+    let b = env.submit(&["Dependent work", "--depends-on", &a.to_string(), "--max-attempts", "2"]);
+    let out = env
+        .cmd()
+        .args(["worker", "--once"])
+        .env("TASKBRIDGE_OPENCODE", &agent)
+        .env("TASKBRIDGE_OPENCODE_MODE", "run")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(failed_once.exists(), "the first attempt did not fail, so nothing was retried");
+    let ta = env.show(a);
+    let tb = env.show(b);
+    assert_eq!(tb["status"], "done", "{tb:#}\n{}", env.log(b));
+    assert_eq!(tb["attempts"], 2, "{tb:#}");
+    assert_eq!(tb["started_from"], ta["result"]["commit"], "it starts from its dependency's work");
+    // Its own work only: the dependency's a.txt is in the start, not in its change.
+    assert_eq!(files(&tb), ["b.txt"], "only its own work: {tb:#}");
+    let branch = tb["result"]["branch"].as_str().unwrap();
+    assert_eq!(git_out(&env.repo, &["show", &format!("{branch}:a.txt")]), "a");
+}
