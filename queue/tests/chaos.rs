@@ -176,6 +176,7 @@ fn chaos_every_task_ends_exactly_once(b: Backend) {
     // token -> (task, first lease end, last lease end)
     let mut leases: HashMap<(i64, i64), (f64, f64)> = HashMap::new();
     let mut done: BTreeMap<i64, usize> = BTreeMap::new();
+    let mut done_tokens: Vec<(i64, i64)> = Vec::new();
     let mut stale = 0;
     for ev in rx.iter() {
         let f: Vec<&str> = ev.split_whitespace().collect();
@@ -186,11 +187,19 @@ fn chaos_every_task_ends_exactly_once(b: Backend) {
                 let e = leases.entry((id, token)).or_insert((until, until));
                 e.1 = e.1.max(until);
             }
-            "DONE" => *done.entry(id).or_default() += 1,
+            "DONE" => {
+                *done.entry(id).or_default() += 1;
+                done_tokens.push((id, token));
+            }
             "STALE" | "LOST" => stale += 1,
             _ => {}
         }
     }
+    // Only the newest lease may complete a task: an accepted completion carries the last
+    // token any claim of that task got (a completion under an older one must have been refused).
+    let newest = |id: i64| leases.keys().filter(|(i, _)| *i == id).map(|(_, t)| *t).max();
+    let from_stale: Vec<_> = done_tokens.iter().filter(|(id, t)| newest(*id) != Some(*t)).collect();
+    assert!(from_stale.is_empty(), "completions accepted from stale leases: {from_stale:?}");
     let twice: Vec<_> = done.iter().filter(|(_, c)| **c > 1).collect();
     assert!(twice.is_empty(), "tasks completed twice: {twice:?}");
     // A worker killed between its commit and its print completed a task without saying so;
