@@ -1979,10 +1979,7 @@ pub const BRIDGE_MCP_NAME: &str = "taskbridge";
 /// `OPENCODE_CONFIG_CONTENT` with the bridge added to its `mcp` block. The inherited content (the
 /// user's own per-run config) is kept: OpenCode reads only one such variable.
 pub fn with_bridge(inherited: Option<&str>, command: &[String]) -> String {
-    let mut doc = inherited
-        .and_then(|t| serde_json::from_str::<serde_json::Value>(t).ok())
-        .filter(serde_json::Value::is_object)
-        .unwrap_or_else(|| serde_json::json!({}));
+    let mut doc = config_doc(inherited);
     // OpenCode applies `timeout` to every call of the server's tools, and a question to Claude
     // can take minutes.
     let entry = serde_json::json!({
@@ -1998,12 +1995,18 @@ pub fn with_bridge(inherited: Option<&str>, command: &[String]) -> String {
     doc.to_string()
 }
 
-/// `OPENCODE_CONFIG_CONTENT` with the plugin file at `plugin` added to its `plugin` list.
-pub fn with_plugin(inherited: Option<&str>, plugin: &Path) -> String {
-    let mut doc = inherited
+/// The inherited `OPENCODE_CONFIG_CONTENT` as a JSON object to add to (an empty one when there
+/// is none, or it is not an object).
+fn config_doc(inherited: Option<&str>) -> serde_json::Value {
+    inherited
         .and_then(|t| serde_json::from_str::<serde_json::Value>(t).ok())
         .filter(serde_json::Value::is_object)
-        .unwrap_or_else(|| serde_json::json!({}));
+        .unwrap_or_else(|| serde_json::json!({}))
+}
+
+/// `OPENCODE_CONFIG_CONTENT` with the plugin file at `plugin` added to its `plugin` list.
+pub fn with_plugin(inherited: Option<&str>, plugin: &Path) -> String {
+    let mut doc = config_doc(inherited);
     let spec = serde_json::Value::from(format!("file://{}", plugin.display()));
     match doc["plugin"].as_array_mut() {
         Some(list) if !list.contains(&spec) => list.push(spec),
@@ -2083,5 +2086,20 @@ mod tests {
             let v: Value = serde_json::from_str(&with_bridge(inherited, &cmd)).unwrap();
             assert_eq!(v["mcp"].as_object().unwrap().len(), 1, "{v}");
         }
+    }
+
+    #[test]
+    fn the_environment_plugin_joins_the_users_plugins_once() {
+        let plugin = Path::new("/h/opencode-plugin/taskbridge-env.js");
+        let ours = json!("file:///h/opencode-plugin/taskbridge-env.js");
+        let v: Value =
+            serde_json::from_str(&with_plugin(Some(r#"{"plugin": ["mine"], "x": 1}"#), plugin))
+                .unwrap();
+        assert_eq!((v["plugin"].clone(), v["x"].clone()), (json!(["mine", ours]), json!(1)));
+        let again: Value =
+            serde_json::from_str(&with_plugin(Some(&v.to_string()), plugin)).unwrap();
+        assert_eq!(again["plugin"], json!(["mine", ours]), "added once");
+        let alone: Value = serde_json::from_str(&with_plugin(None, plugin)).unwrap();
+        assert_eq!(alone, json!({"plugin": [ours]}));
     }
 }
