@@ -89,11 +89,12 @@ cat <<MSG
 
 TaskBridge is installed at $bin.
   Claude Code, by hand:   $("$bin" config claude-code | sed -n 2p)
-  Any HTTP client:        $bin serve   (then http://127.0.0.1:8765/mcp)
+  Any HTTP client:        $bin serve   (then http://127.0.0.1:8765/mcp, with the bearer token the
+                          server keeps in its home: \`$bin config claude-code\` shows where)
   The control center:     $bin tui
 MSG
 if [ -n "$tunnel" ]; then
-  echo "  Public URL:             $bin serve --public $tunnel   (prints the URL and the token)"
+  echo "  Public URL:             $bin serve --public $tunnel   (prints the URL and the line that registers it)"
 fi
 
 echo
