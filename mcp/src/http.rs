@@ -71,13 +71,19 @@ struct Failures {
 /// Wrong tokens a peer may send in one window before it is answered 429.
 const BURST: u32 = 10;
 const WINDOW: Duration = Duration::from_secs(60);
+/// Peers remembered before the ones whose window is over are dropped.
+const MAX_PEERS: usize = 4096;
 
 impl Failures {
     /// Counts a wrong token from `peer`; `Some(seconds)` to wait when it is over the burst.
     fn record(&self, peer: std::net::IpAddr) -> (u32, Option<u64>) {
+        self.record_at(peer, Instant::now())
+    }
+
+    fn record_at(&self, peer: std::net::IpAddr, now: Instant) -> (u32, Option<u64>) {
         let mut map = self.per_peer.lock().unwrap_or_else(|e| e.into_inner());
-        let now = Instant::now();
-        if map.len() > 4096 {
+        // Bounded: a flood from many addresses drops the windows that are over.
+        if map.len() > MAX_PEERS {
             map.retain(|_, (_, since)| now.duration_since(*since) < WINDOW);
         }
         let entry = map.entry(peer).or_insert((0, now));
@@ -324,5 +330,47 @@ mod tests {
         assert!(wait.is_some_and(|s| (1..=WINDOW.as_secs()).contains(&s)), "{wait:?}");
         // Another peer has its own count.
         assert_eq!(f.record(b), (1, None));
+    }
+
+    #[test]
+    fn a_window_ends_and_the_peers_whose_window_is_over_are_forgotten() {
+        let f = Failures::default();
+        let t0 = Instant::now();
+        let a: std::net::IpAddr = [127, 0, 0, 1].into();
+        for _ in 0..=BURST {
+            f.record_at(a, t0);
+        }
+        assert!(f.record_at(a, t0 + WINDOW - Duration::from_secs(1)).1.is_some(), "still slowed");
+        assert_eq!(f.record_at(a, t0 + WINDOW), (1, None), "a new window starts afresh");
+        for i in 0..=MAX_PEERS as u32 {
+            f.record_at(std::net::IpAddr::from(i.to_be_bytes()), t0);
+        }
+        let later = t0 + WINDOW * 2;
+        f.record_at(a, later);
+        let kept = f.per_peer.lock().unwrap().len();
+        assert_eq!(kept, 1, "only the peer seen in the current window is kept");
+        // Within the window, nobody is forgotten.
+        let g = Failures::default();
+        for i in 0..=MAX_PEERS as u32 + 1 {
+            g.record_at(std::net::IpAddr::from(i.to_be_bytes()), t0);
+        }
+        assert_eq!(g.per_peer.lock().unwrap().len(), MAX_PEERS + 2);
+        // The bounds exactly: a full table is not pruned yet, and a window exactly over is.
+        let h = Failures::default();
+        for i in 0..MAX_PEERS as u32 {
+            h.record_at(std::net::IpAddr::from(i.to_be_bytes()), t0);
+        }
+        h.record_at(a, t0 + WINDOW * 2);
+        assert_eq!(h.per_peer.lock().unwrap().len(), MAX_PEERS + 1, "pruned before it was over");
+        h.record_at([10, 9, 9, 9].into(), t0 + WINDOW * 3);
+        assert_eq!(h.per_peer.lock().unwrap().len(), 1, "a window exactly over is dropped");
+    }
+
+    #[test]
+    fn tokens_differing_by_the_same_bit_in_two_places_are_refused() {
+        // Differences that would cancel if they were combined by xor instead of or.
+        assert!(!constant_time_eq(b"aa", b"``"));
+        assert!(constant_time_eq(b"aa", b"aa"));
+        assert!(!constant_time_eq(b"aa", b"a"));
     }
 }

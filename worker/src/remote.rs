@@ -189,6 +189,9 @@ mod tests {
             "/srv/git/app.git",
             "file:///srv/git/app.git",
             "git://127.0.0.1:9418/app.git",
+            // "::" inside an IPv6 host is no helper.
+            "git@[::1]:team/app.git",
+            "ssh://[::1]:2222/app.git",
         ] {
             assert!(check_remote(ok).is_ok(), "{ok} was refused");
         }
@@ -200,6 +203,7 @@ mod tests {
             ("origin\nx", "control"),
             ("ext::sh -c touch% /tmp/pwned", "helper"),
             ("fd::17", "helper"),
+            ("my-helper::address", "helper"),
         ] {
             let e = check_remote(bad).unwrap_err().to_string();
             assert!(e.contains(why) && e.contains("invalid remote"), "{bad:?}: {e}");
