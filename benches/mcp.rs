@@ -65,8 +65,9 @@ async fn stdio(program: &Path, args: &[&str], envs: &[(&str, &Path)], n: usize) 
 }
 
 /// `taskbridge serve --no-worker` (with `extra`) on a free loopback port, once it accepts
-/// connections: the child and the port.
-async fn serve(home: &Path, extra: Option<&str>) -> (tokio::process::Child, u16) {
+/// connections: the child, the port and the token it asks for (the home's, as a client reads
+/// it).
+async fn serve(home: &Path, extra: Option<&str>) -> (tokio::process::Child, u16, String) {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_taskbridge"))
         .args(["serve", "--no-worker", "--listen", &format!("127.0.0.1:{port}")])
@@ -81,17 +82,21 @@ async fn serve(home: &Path, extra: Option<&str>) -> (tokio::process::Child, u16)
     while tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err() {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    (child, port)
+    let token = std::fs::read_to_string(home.join("token")).unwrap().trim().to_owned();
+    (child, port, token)
 }
 
 /// `serve` with its default event-stream answers, or with `--json-response` (plain JSON, what
 /// public mode uses).
 async fn http(home: &Path, n: usize, json_response: bool) -> Figures {
     let start = Instant::now();
-    let (mut child, port) = serve(home, json_response.then_some("--json-response")).await;
-    let transport = rmcp::transport::StreamableHttpClientTransport::from_uri(format!(
-        "http://127.0.0.1:{port}/mcp"
-    ));
+    let (mut child, port, token) = serve(home, json_response.then_some("--json-response")).await;
+    let config =
+        rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(
+            format!("http://127.0.0.1:{port}/mcp"),
+        )
+        .auth_header(token);
+    let transport = rmcp::transport::StreamableHttpClientTransport::from_config(config);
     let client = ().serve(transport).await.unwrap();
     let cold_start_ms = start.elapsed().as_secs_f64() * 1000.0;
     let (p50_ms, p99_ms, per_s) = measure(&client, n).await;
@@ -115,11 +120,11 @@ fn rss_mb(pid: u32) -> f64 {
 /// and after. The server keeps at most `mcp::sessions::MAX_SESSIONS` of them.
 async fn sessions(home: &Path, n: usize) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let (mut child, port) = serve(home, None).await;
+    let (mut child, port, token) = serve(home, None).await;
     let pid = child.id().unwrap();
     let body = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"bench","version":"1"}}}"#;
     let request = format!(
-        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
     let before = rss_mb(pid);
