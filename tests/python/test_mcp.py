@@ -80,6 +80,26 @@ async def exercise(session, label):
     _, got = await call(session, "get_task", {"task_id": tid})
     check(got["question"] == w["tasks"][0]["question"], f"{label}: get_task shows the question")
 
+    # A task held back by the waiting one: its notes, priority, cancel and retry, through the
+    # binary; cancelled again before the answer, so it never reaches the agent.
+    _, b = await call(session, "submit_task", {"prompt": "Then a footer", "repo": repo, "depends_on": [tid]})
+    bid = b["task_id"]
+    check(b["status"] == "queued", f"{label}: a task depending on a waiting one stays queued: {b}")
+    _, n = await call(session, "add_task_note", {"task_id": bid, "note": "keep it short"})
+    _, got = await call(session, "get_task", {"task_id": bid})
+    check([x["note"] for x in got["notes"]] == ["keep it short"], f"{label}: add_task_note is on the task: {got['notes']}")
+    _, p = await call(session, "set_task_priority", {"task_id": bid, "priority": 7})
+    check(p["priority"] == 7, f"{label}: set_task_priority answers the new priority: {p}")
+    _, listed = await call(session, "list_tasks", {"status": "queued"})
+    check([(t["task_id"], t["priority"]) for t in listed["tasks"]] == [(bid, 7)],
+          f"{label}: list_tasks shows the queued task with its priority: {listed['tasks']}")
+    _, c = await call(session, "cancel_task", {"task_id": bid})
+    check(c["status"] == "cancelled", f"{label}: cancel_task cancels: {c}")
+    _, rt = await call(session, "retry_task", {"task_id": bid})
+    check(rt["status"] == "queued", f"{label}: retry_task requeues a cancelled task: {rt}")
+    _, c = await call(session, "cancel_task", {"task_id": bid})
+    check(c["status"] == "cancelled", f"{label}: cancelled again: {c}")
+
     r, a = await call(session, "answer_task", {"task_id": tid, "answer": "Blue, please."})
     check(not r.isError and a["status"] in ("queued", "running"), f"{label}: answer_task requeues")
     w = await wait_until(session, tid, ["done", "failed"])
@@ -126,6 +146,11 @@ async def exercise(session, label):
         check(ping["version"], f"{label}: still serving after a refused {tool}")
     _, after = await call(session, "queue_status", {})
     check(before["total"] == after["total"], f"{label}: refused calls wrote nothing")
+
+    _, cleared = await call(session, "clear_finished", {"statuses": ["cancelled"]})
+    check(cleared["cleared"] == [bid], f"{label}: clear_finished clears the cancelled task only: {cleared}")
+    _, gone = await call(session, "list_tasks", {})
+    check([t["task_id"] for t in gone["tasks"]] == [tid], f"{label}: the done task is kept: {gone['tasks']}")
 
 
 async def run_stdio():
