@@ -11,7 +11,7 @@ use support::{Backend, Db};
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use taskbridge_queue::{Location, Outcome, Store, TaskId, TaskSpec};
@@ -25,17 +25,12 @@ fn spawn_worker(
     tx: mpsc::Sender<String>,
     readers: &mut Vec<std::thread::JoinHandle<()>>,
 ) -> Child {
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["chaos_worker_process", "--exact", "--nocapture", "--ignored", "--test-threads=1"])
-        .env("TB_CHAOS_DB", db)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child =
+        support::child(db).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
     let out = child.stdout.take().unwrap();
     readers.push(std::thread::spawn(move || {
         for line in BufReader::new(out).lines().map_while(Result::ok) {
-            // The harness prints "test chaos_worker_process ... " before the first line.
+            // The harness prints "test <name> ... " before the first line.
             if let Some(i) = line.find("EV ") {
                 let _ = tx.send(line[i + 3..].to_owned());
             }
@@ -44,12 +39,10 @@ fn spawn_worker(
     child
 }
 
-/// The worker: claim, "work" for a few ms while heartbeating, finish. Prints every event.
-#[test]
-#[ignore = "run as a child process by the chaos test"]
-fn chaos_worker_process() {
-    let Ok(db) = std::env::var("TB_CHAOS_DB") else { return };
-    let store = Store::connect(&Location::parse(&db).unwrap()).unwrap();
+/// The worker, a child process of the chaos test: claim, "work" for a few ms while
+/// heartbeating, finish. Prints every event.
+fn worker_process(db: &str) {
+    let store = Store::connect(&Location::parse(db).unwrap()).unwrap();
     let me = format!("w{}", std::process::id());
     loop {
         let Some(c) = store.claim_next(&me, "host", LEASE).unwrap() else {
@@ -92,6 +85,9 @@ fn fastrand_ms() -> u64 {
 on_both!(chaos_every_task_ends_exactly_once);
 
 fn chaos_every_task_ends_exactly_once(b: Backend) {
+    if let Some(db) = support::child_db() {
+        return worker_process(&db);
+    }
     let n: usize =
         std::env::var("TASKBRIDGE_CHAOS_TASKS").ok().and_then(|v| v.parse().ok()).unwrap_or(1000);
     let d = Db::new(b);

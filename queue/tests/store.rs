@@ -5,7 +5,7 @@
 #![allow(clippy::unwrap_used)] // test helpers outside #[test] functions
 
 mod support;
-use support::{Backend, Db};
+use support::{Backend, Db, child, child_db};
 
 use proptest::prelude::*;
 use std::collections::HashSet;
@@ -582,20 +582,9 @@ proptest! {
 
 // ---- several processes --------------------------------------------------------------------
 
-/// Re-runs this test binary as a child process that executes one `child_*` test below, on the
-/// queue `db` (a path or a URL).
-fn child(name: &str, db: &str) -> Command {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args([name, "--exact", "--nocapture", "--test-threads=1", "--ignored"])
-        .env("TB_CHILD_DB", db);
-    cmd
-}
-
-#[test]
-#[ignore = "run as a child process by four_processes_never_claim_a_task_twice"]
-fn child_claimer() {
-    let Ok(db) = std::env::var("TB_CHILD_DB") else { return };
-    let store = Store::connect(&Location::parse(&db).unwrap()).unwrap();
+/// A child process of its test: see `support::child`.
+fn claimer(db: &str) {
+    let store = Store::connect(&Location::parse(db).unwrap()).unwrap();
     let me = format!("w{}", std::process::id());
     let mut idle = 0;
     while idle < 200 {
@@ -614,15 +603,16 @@ fn child_claimer() {
 }
 
 fn four_processes_never_claim_a_task_twice(b: Backend) {
+    if let Some(db) = child_db() {
+        return claimer(&db);
+    }
     let (d, store) = open(b);
     let db = d.arg.clone();
     let n = 400;
     for i in 0..n {
         store.submit(spec(&format!("t{i}"))).unwrap();
     }
-    let kids: Vec<_> = (0..4)
-        .map(|_| child("child_claimer", &db).stdout(Stdio::piped()).spawn().unwrap())
-        .collect();
+    let kids: Vec<_> = (0..4).map(|_| child(&db).stdout(Stdio::piped()).spawn().unwrap()).collect();
     let mut claimed = Vec::new();
     let mut per_process = Vec::new();
     for kid in kids {
@@ -630,7 +620,7 @@ fn four_processes_never_claim_a_task_twice(b: Backend) {
         assert!(out.status.success());
         let ids: Vec<i64> = String::from_utf8_lossy(&out.stdout)
             .lines()
-            // The harness prints "test child_claimer ... " without a newline before the first line.
+            // The harness prints "test <name> ... " without a newline before the first line.
             .filter_map(|l| l.split_once("CLAIMED ").map(|(_, s)| s.parse().unwrap()))
             .collect();
         per_process.push(ids.len());
@@ -646,11 +636,9 @@ fn four_processes_never_claim_a_task_twice(b: Backend) {
     assert_eq!(st.counts["done"], n as i64);
 }
 
-#[test]
-#[ignore = "run as a child process by kill_9_during_submits_loses_no_acknowledged_task"]
-fn child_submitter() {
-    let Ok(db) = std::env::var("TB_CHILD_DB") else { return };
-    let store = Store::connect(&Location::parse(&db).unwrap()).unwrap();
+/// A child process of its test: see `support::child`.
+fn submitter(db: &str) {
+    let store = Store::connect(&Location::parse(db).unwrap()).unwrap();
     for i in 0.. {
         let (t, _) = store.submit(spec(&format!("burst {i}"))).unwrap();
         // Printed only after submit returned: an acknowledged task.
@@ -659,10 +647,13 @@ fn child_submitter() {
 }
 
 fn kill_9_during_submits_loses_no_acknowledged_task(b: Backend) {
+    if let Some(db) = child_db() {
+        return submitter(&db);
+    }
     let (d, store) = open(b);
     drop(store);
     let db = d.arg.clone();
-    let mut kid = child("child_submitter", &db).stdout(Stdio::piped()).spawn().unwrap();
+    let mut kid = child(&db).stdout(Stdio::piped()).spawn().unwrap();
     let mut lines = BufReader::new(kid.stdout.take().unwrap()).lines();
     let mut acked = Vec::new();
     while acked.len() < 150 {
@@ -687,6 +678,9 @@ fn kill_9_during_submits_loses_no_acknowledged_task(b: Backend) {
 
 #[test]
 fn sqlite_another_process_commit_is_noticed_by_each_watch_layer_alone() {
+    if let Some(db) = child_db() {
+        return submit_once(&db);
+    }
     // The file watch alone, then the poll alone: each must see a commit made by another
     // process, so neither can hide a broken other.
     for (file_watch, poll) in [(true, false), (false, true)] {
@@ -696,7 +690,7 @@ fn sqlite_another_process_commit_is_noticed_by_each_watch_layer_alone() {
             let _ = tx.send(());
         })
         .unwrap();
-        let out = child("child_submit_once", &d.arg).output().unwrap();
+        let out = child(&d.arg).output().unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         rx.recv_timeout(Duration::from_secs(5))
             .unwrap_or_else(|_| panic!("not noticed (file watch {file_watch}, poll {poll})"));
@@ -704,16 +698,17 @@ fn sqlite_another_process_commit_is_noticed_by_each_watch_layer_alone() {
     }
 }
 
-#[test]
-#[ignore = "run as a child process by another_process_commit_is_noticed_by_each_watch_layer_alone"]
-fn child_submit_once() {
-    let Ok(db) = std::env::var("TB_CHILD_DB") else { return };
-    let store = Store::connect(&Location::parse(&db).unwrap()).unwrap();
+/// A child process of its test: see `support::child`.
+fn submit_once(db: &str) {
+    let store = Store::connect(&Location::parse(db).unwrap()).unwrap();
     store.submit(spec("from another process")).unwrap();
 }
 
 #[test]
 fn postgres_another_process_commit_is_noticed_by_notify_and_by_the_poll_alone() {
+    if let Some(db) = child_db() {
+        return submit_once(&db);
+    }
     // LISTEN/NOTIFY, then listen=off (the poll alone): each must see a commit made by another
     // process. The poll fires on its own, so the listener is timed against it: a notification
     // arrives long before the 2 s poll would.
@@ -728,7 +723,7 @@ fn postgres_another_process_commit_is_noticed_by_notify_and_by_the_poll_alone() 
         // The listener's first call, made once it is connected (and after every reconnect).
         rx.recv_timeout(Duration::from_secs(5)).unwrap();
         let started = std::time::Instant::now();
-        let out = child("child_submit_once", &d.arg).output().unwrap();
+        let out = child(&d.arg).output().unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         let seen = rx.recv_timeout(Duration::from_secs(5)).unwrap();
         assert!(seen >= started);
@@ -847,22 +842,22 @@ fn jobs_of_a_dead_owner_are_failed_as_interrupted_and_live_ones_are_left_alone(b
     assert_eq!(store.job(elsewhere.id).unwrap().status, JobStatus::Queued);
 }
 
-#[test]
-#[ignore = "run as a child process by several_processes_creating_the_database_at_once_all_open_it"]
-fn child_opener() {
-    let Ok(db) = std::env::var("TB_CHILD_DB") else { return };
-    let store = Store::connect(&Location::parse(&db).unwrap()).unwrap();
+/// A child process of its test: see `support::child`.
+fn opener(db: &str) {
+    let store = Store::connect(&Location::parse(db).unwrap()).unwrap();
     store.submit(spec("opened")).unwrap();
 }
 
 /// Several hosts (here processes) starting at once against a new database (a new schema on
 /// PostgreSQL, whose migrations run under an advisory lock) all open it.
 fn several_processes_creating_the_database_at_once_all_open_it(b: Backend) {
+    if let Some(db) = child_db() {
+        return opener(&db);
+    }
     for _ in 0..if b == Backend::Sqlite { 10 } else { 3 } {
         let d = Db::new(b);
-        let children: Vec<_> = (0..5)
-            .map(|_| child("child_opener", &d.arg).stdout(Stdio::null()).spawn().unwrap())
-            .collect();
+        let children: Vec<_> =
+            (0..5).map(|_| child(&d.arg).stdout(Stdio::null()).spawn().unwrap()).collect();
         for mut c in children {
             assert!(c.wait().unwrap().success(), "a process could not open the new database");
         }

@@ -12,6 +12,23 @@ pub enum Backend {
     Postgres,
 }
 
+/// The queue this process works on when it is a child of a test (see [`child`]).
+pub fn child_db() -> Option<String> {
+    std::env::var("TB_CHILD_DB").ok()
+}
+
+/// The test that calls this, run again as a child process on the queue `db`; the test sees
+/// [`child_db`] and plays the child's part. libtest names each test's thread after the test, so
+/// the child runs exactly it. A child's part is never a test of its own, so nothing passes
+/// vacuously under `--ignored`.
+pub fn child(db: &str) -> std::process::Command {
+    let test = std::thread::current().name().map(str::to_owned);
+    let test = test.expect("child() is called from a test's own thread, which names the test");
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.args([test.as_str(), "--exact", "--nocapture", "--test-threads=1"]).env("TB_CHILD_DB", db);
+    cmd
+}
+
 /// The server the PostgreSQL tests use.
 pub fn pg_server() -> String {
     std::env::var("TASKBRIDGE_TEST_PG").unwrap_or_else(|_| {
