@@ -343,8 +343,9 @@ fn a_followup_of_work_done_here_is_made_fetchable_for_other_hosts() {
     // Run in the repository here: its commit is on no ref of the remote yet.
     let commit = t["result"]["commit"].as_str().unwrap().to_owned();
     assert!(t["result"]["pushed_to"].is_null());
-    let out = env.ok(&["followup", &id.to_string(), "and the docs"]);
-    assert!(!out.is_empty());
+    let follow: i64 =
+        env.ok(&["followup", &id.to_string(), "and the docs"]).trim().parse().unwrap();
+    assert_eq!(env.show(follow)["base"], commit, "the follow-up starts from the first's commit");
     let on_remote =
         git_out(&daemon.bare, &["rev-parse", &format!("refs/taskbridge/base/{commit}")]);
     assert_eq!(on_remote, commit, "the follow-up's base was pushed for workers elsewhere");
