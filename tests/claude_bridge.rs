@@ -52,8 +52,14 @@ fn plain_path() -> String {
 }
 
 async fn bridge(env: &Env, vars: &[(&str, &str)]) -> Bridge {
+    bridge_with(env, vars, &[]).await
+}
+
+/// `claude-mcp` with more flags.
+async fn bridge_with(env: &Env, vars: &[(&str, &str)], flags: &[&str]) -> Bridge {
     let mut cmd = tokio::process::Command::new(support::bin());
     cmd.arg("claude-mcp")
+        .args(flags)
         .envs(env.env_vars())
         .env("PATH", plain_path())
         .env("TASKBRIDGE_CLAUDE_RETRY_BASE_MS", "20")
@@ -113,6 +119,23 @@ impl Bridge {
         }
         panic!("job {job} never became {status}");
     }
+}
+
+/// `--model` is the model of every call that names none (here over `TASKBRIDGE_CLAUDE_MODEL`,
+/// which it overrides), and a call's own `model` still wins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_model_flag_is_the_default_for_calls_that_name_none() {
+    let env = Env::new();
+    let mock = MockAnthropic::spawn(vec![Turn::text("one"), Turn::text("two")]);
+    let mut vars = api_vars(&mock);
+    vars.push(("TASKBRIDGE_CLAUDE_MODEL", "claude-from-the-env".into()));
+    let vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let b = bridge_with(&env, &vars, &["--model", "claude-from-the-flag"]).await;
+    assert_eq!(b.call("claude_status", json!({})).await["default_model"], "claude-from-the-flag");
+    assert_eq!(b.call("claude_ask", json!({"prompt": "a"})).await["model"], "claude-from-the-flag");
+    b.call("claude_ask", json!({"prompt": "b", "model": "claude-haiku-4-5"})).await;
+    let models: Vec<Value> = mock.requests().iter().map(|r| r["model"].clone()).collect();
+    assert_eq!(models, [json!("claude-from-the-flag"), json!("claude-haiku-4-5")]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

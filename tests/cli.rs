@@ -346,3 +346,62 @@ fn ask_rules_come_from_the_flag_and_from_the_repositorys_taskbridge_toml() {
     let listed: Value = serde_json::from_str(&env.ok(&["list", "--json"])).unwrap();
     assert_eq!(listed.as_array().unwrap().len(), 1, "nothing refused was stored");
 }
+
+/// The flags a user reaches for less often, each through the binary: `worker --model`,
+/// `list --repo`, `logs --offset`/`--max-bytes`, `clear-finished --statuses`.
+#[test]
+fn worker_model_list_repo_logs_offset_and_clear_statuses_do_what_they_say() {
+    let env = Env::new();
+    let other = env.dir.path().join("other");
+    std::fs::create_dir(&other).unwrap();
+    git(&other, &["init", "-q", "-b", "main"]);
+    std::fs::write(other.join("a.txt"), "a\n").unwrap();
+    git(&other, &["add", "."]);
+    git(&other, &["commit", "-qm", "init"]);
+    let calls = env.dir.path().join("calls.log");
+    let agent = script(
+        env.dir.path(),
+        "agent",
+        &format!("cat > /dev/null\necho \"$@\" >> '{}'\necho hi > out.txt\n", calls.display()),
+    );
+    let here = env.submit(&["Work here"]);
+    let there = env.submit(&["Work there", "--repo", other.to_str().unwrap()]);
+    // The flag wins over TASKBRIDGE_MODEL, which every command of this world sets.
+    env.run_queue_with(&agent, &["--model", "anthropic/from-the-worker-flag"]);
+    let argv = std::fs::read_to_string(&calls).unwrap();
+    assert_eq!(argv.matches("-m anthropic/from-the-worker-flag").count(), 2, "{argv}");
+
+    let ids = |args: &[&str]| -> Vec<i64> {
+        let list: Value = serde_json::from_str(&env.ok(args)).unwrap();
+        list.as_array().unwrap().iter().map(|t| t["id"].as_i64().unwrap()).collect()
+    };
+    assert_eq!(ids(&["list", "--json", "--repo", other.to_str().unwrap()]), [there]);
+    assert_eq!(ids(&["list", "--json", "--repo", env.repo.to_str().unwrap()]), [here]);
+
+    let whole = env.log(here);
+    assert!(whole.len() > 60, "{whole}");
+    let page = env.ok(&["logs", &here.to_string(), "--offset", "20", "--max-bytes", "40"]);
+    assert_eq!(page.trim_end_matches('\n'), whole[20..60].trim_end_matches('\n'));
+
+    let cancelled = env.submit(&["Never mind"]);
+    env.ok(&["cancel", &cancelled.to_string()]);
+    assert!(env.ok(&["clear", "--statuses", "failed"]).contains("cleared 0 task(s)"));
+    assert!(env.ok(&["clear", "--statuses", "cancelled"]).contains("cleared 1 task"));
+    assert_eq!(ids(&["list", "--json"]), [there, here], "only the cancelled task was cleared");
+}
+
+/// `list-models` gives the cached list within its hour; `--refresh` asks OpenCode again (here
+/// after the provider was set up) and caches what it said.
+#[test]
+fn list_models_refresh_asks_opencode_again_instead_of_the_cache() {
+    let mut env = Env::new();
+    env.opencode_config = Some(r#"{"autoupdate": false, "share": "disabled"}"#.into());
+    env.extra_env.push(("ANTHROPIC_API_KEY".into(), String::new()));
+    let lists_model = |env: &Env, args: &[&str]| env.ok(args).lines().any(|m| m == MODEL);
+    assert!(!lists_model(&env, &["list-models"]), "no provider set up, no model");
+    let mock = support::mock_anthropic::MockAnthropic::spawn(vec![]);
+    let env = env.with_mock(&mock);
+    assert!(!lists_model(&env, &["list-models"]), "within its hour the cached list is given");
+    assert!(lists_model(&env, &["list-models", "--refresh"]));
+    assert!(lists_model(&env, &["list-models"]), "the refreshed list is the cached one now");
+}

@@ -55,10 +55,7 @@ fn a_dependent_task_runs_only_after_its_dependency_is_done() {
     let a = env.submit(&["first"]);
     let b = env.submit(&["second", "--depends-on", &a.to_string()]);
     let c = env.submit(&["independent"]);
-    let mut w = env.cmd();
-    w.env("TASKBRIDGE_OPENCODE", &agent).env("TASKBRIDGE_OPENCODE_MODE", "run");
-    w.args(["worker", "--once", "--concurrency", "3"]);
-    assert!(w.output().unwrap().status.success());
+    env.run_queue_with(&agent, &["--concurrency", "3"]);
     for id in [a, b, c] {
         assert_eq!(env.show(id)["status"], "done", "task {id}");
     }

@@ -299,14 +299,7 @@ fn merge_into_a_branch_checked_out_in_a_linked_worktree_waits_for_it_to_be_clean
     let env = Env::new();
     let agent = script(env.dir.path(), "agent", "cat > /dev/null\necho new > feature.txt\n");
     let id = env.submit(&["Add the feature file"]).to_string();
-    let out = env
-        .cmd()
-        .args(["worker", "--once"])
-        .env("TASKBRIDGE_OPENCODE", &agent)
-        .env("TASKBRIDGE_OPENCODE_MODE", "run")
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    env.run_queue_with(&agent, &[]);
     // The user's own linked worktree, on branch `side`, with work of theirs not committed.
     let side = env.dir.path().join("side");
     git(&env.repo, &["worktree", "add", "-q", "-b", "side", side.to_str().unwrap()]);
@@ -345,14 +338,7 @@ fn a_stacked_task_retried_after_a_failed_attempt_starts_again_from_its_dependenc
     );
     let a = env.submit(&["Base work"]);
     let b = env.submit(&["Dependent work", "--depends-on", &a.to_string(), "--max-attempts", "2"]);
-    let out = env
-        .cmd()
-        .args(["worker", "--once"])
-        .env("TASKBRIDGE_OPENCODE", &agent)
-        .env("TASKBRIDGE_OPENCODE_MODE", "run")
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    env.run_queue_with(&agent, &[]);
     assert!(failed_once.exists(), "the first attempt did not fail, so nothing was retried");
     let ta = env.show(a);
     let tb = env.show(b);

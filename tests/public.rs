@@ -435,3 +435,31 @@ fn service_install_on_a_postgres_queue_keeps_the_url_in_a_private_env_file() {
     assert!(out.status.success());
     assert!(!env_file.exists(), "uninstall removes the env file");
 }
+
+/// `serve --json-response` (what public mode serves, for proxies that buffer event streams)
+/// answers each POST with one plain JSON body and keeps no session, so a call needs no
+/// `initialize` first; the default answers with an event stream within a session.
+#[test]
+fn serve_json_response_answers_plain_json_and_the_default_an_event_stream() {
+    let env = Env::new();
+    let ping =
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"ping","arguments":{}}}"#;
+    let head_and_body = |resp: &str| {
+        let (head, body) = resp.split_once("\r\n\r\n").unwrap();
+        (head.to_ascii_lowercase(), body.to_owned())
+    };
+
+    let (_default, port) = start_serve(&env, &["--no-worker"]);
+    let (head, body) = head_and_body(&mcp_call(port, &env.token(), ping));
+    assert!(head.contains("content-type: text/event-stream"), "{head}");
+    assert!(body.contains("data:") && body.contains(r#""id":2"#), "{body}");
+
+    let (_json, port) = start_serve(&env, &["--no-worker", "--json-response"]);
+    let (status, resp) = post_body(port, &format!("127.0.0.1:{port}"), Some(&env.token()), ping);
+    let (head, body) = head_and_body(&resp);
+    assert_eq!(status, 200, "{resp}");
+    assert!(head.contains("content-type: application/json"), "{head}");
+    let answer: serde_json::Value = serde_json::from_str(body.trim()).unwrap();
+    assert_eq!(answer["id"], 2);
+    assert!(answer["result"]["structuredContent"]["version"].is_string(), "{answer}");
+}

@@ -308,25 +308,15 @@ fn setup_and_verify_commands_come_from_the_commit_never_from_the_working_tree() 
     // Untracked: whoever (or whatever agent) wrote it, it is not the repository's.
     std::fs::write(env.repo.join(".taskbridge.toml"), &config).unwrap();
     let agent = script(env.dir.path(), "agent", "cat > /dev/null\necho hi > out.txt\n");
-    let run_queue = || {
-        let out = env
-            .cmd()
-            .args(["worker", "--once"])
-            .env("TASKBRIDGE_OPENCODE", &agent)
-            .env("TASKBRIDGE_OPENCODE_MODE", "run")
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    };
     let first = env.submit(&["untracked config"]);
-    run_queue();
+    env.run_queue_with(&agent, &[]);
     assert_eq!(env.show(first)["status"], "done", "{}", env.log(first));
     assert!(!witness.exists(), "an untracked .taskbridge.toml ran its commands");
     // Committed, the same file is the repository's configuration.
     git(&env.repo, &["add", ".taskbridge.toml"]);
     git(&env.repo, &["commit", "-qm", "taskbridge config"]);
     let second = env.submit(&["committed config"]);
-    run_queue();
+    env.run_queue_with(&agent, &[]);
     assert_eq!(env.show(second)["status"], "done", "{}", env.log(second));
     assert_eq!(std::fs::read_to_string(&witness).unwrap(), "setup\nverify\n");
 }

@@ -510,14 +510,7 @@ fn diff_on_a_terminal_is_coloured_and_paged_and_plain_into_a_pipe() {
         "cat > /dev/null\nseq 1 200 | sed 's/^/line /' > long.txt\n",
     );
     let id = env.submit(&["Write a long file"]);
-    let out = env
-        .cmd()
-        .args(["worker", "--once"])
-        .env("TASKBRIDGE_OPENCODE", &agent)
-        .env("TASKBRIDGE_OPENCODE_MODE", "run")
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    env.run_queue_with(&agent, &[]);
     assert_eq!(env.show(id)["status"], "done", "{}", env.log(id));
     // No PAGER set: git's own choice, less with colours; `q` leaves it.
     let bin = bin().display().to_string();

@@ -317,6 +317,24 @@ impl Env {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// `taskbridge worker --once` (with `extra` flags) with `agent` as OpenCode in run mode (a
+    /// stand-in script, usually): runs the queue until nothing is runnable, and must succeed.
+    pub fn run_queue_with(&self, agent: &Path, extra: &[&str]) {
+        let out = self
+            .cmd()
+            .args(["worker", "--once"])
+            .args(extra)
+            .env("TASKBRIDGE_OPENCODE", agent)
+            .env("TASKBRIDGE_OPENCODE_MODE", "run")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "the worker failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     pub fn submit(&self, args: &[&str]) -> i64 {
         let mut all = vec!["submit"];
         all.extend_from_slice(args);
