@@ -253,8 +253,9 @@ impl Worker {
                 // Said, not fatal: the agent's commands would see the server's password.
                 Err(e) => tracing::warn!(error = %e, "cannot write OpenCode's environment plugin"),
             }
-            let env =
+            let mut env: Vec<(String, String)> =
                 content.map(|c| ("OPENCODE_CONFIG_CONTENT".to_owned(), c)).into_iter().collect();
+            env.extend(crate::serve::npm_retries(|k| std::env::var(k).ok()));
             crate::serve::ServeAgent::new(cfg.opencode.clone(), env, &home, &id)
         });
         Arc::new(Worker {

@@ -60,7 +60,6 @@ struct Parked {
     generation: u64,
 }
 
-/// The worker's OpenCode server: started on first use, started again if it died.
 /// An OpenCode plugin that blanks the warm server's password in the environment of every
 /// command the agent runs. OpenCode's shell tools start commands with the server's own
 /// environment, where the password is (`OPENCODE_SERVER_PASSWORD` is how `opencode serve` takes
@@ -76,6 +75,18 @@ export const TaskbridgeEnv = async () => ({
 });
 "#;
 
+/// npm's retry count for the warm server, unless the user set one. Before OpenCode loads any
+/// plugin (and the environment plugin is always there) it waits for its own install of
+/// `@opencode-ai/plugin` into each config directory, once per task directory. With npm's
+/// default retries an offline machine waits about 70 s for each (10 s, then 60 s, between
+/// attempts); with none the install fails at once, which OpenCode logs as a warning and shrugs
+/// off, and online it installs as before. `env` looks a variable up (npm reads either case).
+pub fn npm_retries(env: impl Fn(&str) -> Option<String>) -> Option<(String, String)> {
+    let set =
+        ["npm_config_fetch_retries", "NPM_CONFIG_FETCH_RETRIES"].iter().any(|k| env(k).is_some());
+    (!set).then(|| ("npm_config_fetch_retries".to_owned(), "0".to_owned()))
+}
+
 /// Writes the environment plugin into the home (each start: a newer TaskBridge may change it)
 /// and returns its path.
 pub fn env_plugin(home: &queue::Home) -> std::io::Result<PathBuf> {
@@ -86,6 +97,7 @@ pub fn env_plugin(home: &queue::Home) -> std::io::Result<PathBuf> {
     Ok(path)
 }
 
+/// The worker's OpenCode server: started on first use, started again if it died.
 pub struct ServeAgent {
     program: PathBuf,
     env: Vec<(String, String)>,
@@ -1039,6 +1051,16 @@ pub fn kill_orphaned_servers(home: &queue::Home, alive: impl Fn(&str) -> bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn npm_retries_are_turned_off_unless_the_user_set_them_in_either_case() {
+        let none = |_: &str| None;
+        assert_eq!(npm_retries(none), Some(("npm_config_fetch_retries".into(), "0".into())));
+        for key in ["npm_config_fetch_retries", "NPM_CONFIG_FETCH_RETRIES"] {
+            let set = |k: &str| (k == key).then(|| "5".to_owned());
+            assert_eq!(npm_retries(set), None, "{key} set by the user");
+        }
+    }
 
     #[test]
     fn wildcards_match_as_opencode_reads_them() {
