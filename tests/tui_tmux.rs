@@ -387,6 +387,19 @@ fn the_tui_answers_a_native_question_by_picking_an_option() {
                 ],
             }]}),
         ),
+        Turn::tool(
+            "question",
+            serde_json::json!({"questions": [{
+                "question": "Which sizes should it come in?",
+                "header": "Banner sizes",
+                "multiple": true,
+                "options": [
+                    {"label": "small", "description": "for phones"},
+                    {"label": "medium", "description": "for tablets"},
+                    {"label": "large", "description": "for screens"},
+                ],
+            }]}),
+        ),
         Turn::text(
             "Done.\n```taskbridge-result\n{\"summary\": \"Picked.\", \"tests_run\": []}\n```",
         ),
@@ -409,12 +422,38 @@ fn the_tui_answers_a_native_question_by_picking_an_option() {
     tmux.wait_for("> blue");
     tmux.keys(&["Enter"]);
     tmux.wait_for("answered");
+    // Then a question where several may be picked: space picks and unpicks, Enter sends them.
+    env.wait_task(id, Duration::from_secs(120), |t| {
+        t["question"].as_str().is_some_and(|q| q.contains("Which sizes"))
+    });
+    tmux.wait_for("Which sizes should it come in?");
+    tmux.keys(&["a"]);
+    let screen = tmux.wait_for("Banner sizes");
+    assert!(screen.contains("[ ] small"), "several may be picked:\n{screen}");
+    tmux.keys(&["Space", "j"]);
+    tmux.wait_for("[x] small");
+    tmux.keys(&["Space"]);
+    tmux.wait_for("[x] medium");
+    tmux.keys(&["Space"]);
+    tmux.wait_for("[ ] medium");
+    tmux.keys(&["j", "Space"]);
+    tmux.wait_for("[x] large");
+    tmux.keys(&["Enter"]);
     let t = env.wait_status(id, "done", Duration::from_secs(120));
     assert_eq!(t["questions"][0]["answer"], "blue");
     assert_eq!(t["questions"][0]["answered_by"], "tui");
-    let last = mock.requests().last().unwrap().clone();
-    let sent = last["messages"].as_array().unwrap().last().unwrap().to_string();
-    assert!(sent.contains("tool_result") && sent.contains("blue"), "{sent}");
+    assert_eq!(t["questions"][1]["answer"], "small, large");
+    let sent: Vec<String> = mock
+        .requests()
+        .iter()
+        .map(|r| r["messages"].as_array().unwrap().last().unwrap().to_string())
+        .collect();
+    assert!(sent.iter().any(|m| m.contains("tool_result") && m.contains("blue")), "{sent:?}");
+    let sizes = sent.last().unwrap();
+    assert!(
+        sizes.contains("small") && sizes.contains("large") && !sizes.contains("medium"),
+        "{sizes}"
+    );
 }
 
 /// A plan seen and brought home from the keyboard: `p` draws the stacked task under its
@@ -498,6 +537,20 @@ fn the_detail_shows_a_done_tasks_work_and_a_new_task_is_selected() {
     assert!(screen.contains("#2 "), "the new task is the one selected:\n{screen}");
     assert!(screen.contains("- hello: the usual one"), "{screen}");
     assert!(screen.contains("- hi: a short one"), "{screen}");
+    // `e` in the answer dialog: an answer of one's own, in the editor. (The queue's rows are
+    // read apart from the detail: wait until they too say the task waits.)
+    tmux.wait_for("run 0 wait 1");
+    tmux.keys(&["a"]);
+    tmux.wait_for("> hello");
+    tmux.keys(&["e"]);
+    tmux.wait_for("(Ctrl-S sends, Esc cancels)");
+    tmux.text("howdy, partner");
+    tmux.keys(&["C-s"]);
+    tmux.wait_for("answered");
+    let t = env.wait_task(2, Duration::from_secs(120), |t| t["status"] != "waiting");
+    assert_eq!(t["questions"][0]["answer"], "howdy, partner", "{t:#}");
+    let reached = || mock.requests().iter().any(|r| r["messages"].to_string().contains("howdy"));
+    assert!(eventually(Duration::from_secs(60), reached), "the answer never reached the agent");
 }
 
 #[test]
