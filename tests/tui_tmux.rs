@@ -585,3 +585,63 @@ fn diff_on_a_terminal_is_coloured_and_paged_and_plain_into_a_pipe() {
     let piped = env.ok(&["diff", &id.to_string()]);
     assert!(piped.contains("+line 200") && !piped.contains('\x1b'), "{piped}");
 }
+
+/// `--keymap FILE` replaces keys (here `x` opens the help, `?` is unbound) and the help screen
+/// and footer say so; `G`, PageUp and PageDown move through a queue longer than the screen; `u`
+/// follows a done task up in its session.
+#[test]
+fn a_keymap_file_moving_through_a_long_queue_and_a_followup_from_the_keyboard() {
+    let env = Env::new();
+    // A stand-in that reports a session, as OpenCode's event stream does: a follow-up needs one.
+    let agent = script(
+        env.dir.path(),
+        "agent",
+        "cat > /dev/null\necho one > one.txt\n\
+         echo '{\"type\":\"text\",\"sessionID\":\"ses_1\",\"part\":{\"type\":\"text\",\"text\":\"ok\"}}'\n",
+    );
+    let first = env.submit(&["The first task", "--title", "first task"]);
+    env.run_queue_with(&agent, &[]);
+    let commit = env.show(first)["result"]["commit"].as_str().unwrap().to_owned();
+    for i in 2..=40 {
+        env.submit(&[&format!("Queued task {i}"), "--title", &format!("queued {i}")]);
+    }
+    let keymap = env.dir.path().join("my-keys.toml");
+    std::fs::write(&keymap, "[normal]\n\"x\" = \"toggle-help\"\n\"?\" = \"none\"\n").unwrap();
+    let tmux =
+        start_tui(&env, &format!("--no-http --no-worker --keymap '{}'", keymap.display()), 120);
+    let screen = tmux.wait_for("queued 40");
+    assert!(screen.contains("x help") && !screen.contains("? help"), "the footer:\n{screen}");
+    tmux.keys(&["x"]);
+    let help = tmux.wait_for("Help: keys from the keymap");
+    let line = help.lines().find(|l| l.contains("Help") && !l.contains("keys from")).unwrap();
+    assert!(line.contains("x ") && !line.contains('?'), "help lists the file's key: {line}");
+    tmux.keys(&["Escape"]);
+
+    // The newest task is selected first; in the queue (Esc goes back to it from the detail), G
+    // goes to the oldest, at the bottom.
+    tmux.keys(&["Enter"]);
+    tmux.wait_for("#40 queued  priority");
+    tmux.keys(&["Escape", "G"]);
+    tmux.wait_for("#1 done  priority");
+    // A page up is a screenful of rows above: a queued task, more than one row up.
+    tmux.keys(&["PPage"]);
+    let mut screen = String::new();
+    let paged_up = eventually(Duration::from_secs(20), || {
+        screen = tmux.screen();
+        ["#1 ", "#2 "].iter().all(|id| !screen.contains(&format!("{id}queued  priority")))
+            && !screen.contains("#1 done")
+            && screen.contains(" queued  priority")
+    });
+    assert!(paged_up, "PageUp did not go up a page:\n{screen}");
+    tmux.keys(&["NPage"]);
+    tmux.wait_for("#1 done  priority");
+
+    tmux.keys(&["u"]);
+    tmux.wait_for("Follow up task 1 in its session");
+    tmux.text("Now a second file");
+    tmux.keys(&["C-s"]);
+    tmux.wait_for("task 41: follows up task 1 in its session");
+    let t = env.show(41);
+    assert_eq!(t["prompt"], "Now a second file");
+    assert_eq!(t["base"], commit, "the follow-up starts from the first task's commit");
+}
