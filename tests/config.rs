@@ -267,3 +267,47 @@ fn worker_settings_come_from_the_config_file_or_the_one_config_names() {
             .any(|w| w["stopped"] == false && w["concurrency"] == 4 && w["agent"] == "opencode run")
     }));
 }
+
+/// A task that asks: the webhook hears `waiting` with the question, and with
+/// `--question-timeout 1` nobody answering fails the task, saying so (and the webhook hears
+/// that too).
+#[test]
+fn a_webhook_hears_a_question_and_an_unanswered_one_times_out() {
+    let env = Env::new();
+    let hook = hook(false);
+    write_config(
+        &env,
+        &format!("[notify]\ndesktop = false\nwebhook = \"http://127.0.0.1:{}/\"\n", hook.port),
+    );
+    let agent = script(
+        env.dir.path(),
+        "agent",
+        "cat > /dev/null\n\
+         printf '%s\\n' '{\"type\":\"text\",\"sessionID\":\"ses_q\",\"part\":{\"type\":\"text\",\"text\":\"```taskbridge-question\\nRed or blue?\\n```\"}}'\n",
+    );
+    let id = env.submit(&["Ask me", "--question-timeout", "1"]);
+    // A worker that stays: the question's deadline is kept by a live worker's sweep.
+    let _worker = Child(
+        env.cmd()
+            .args(["worker", "--concurrency", "1"])
+            .env("TASKBRIDGE_OPENCODE", &agent)
+            .env("TASKBRIDGE_OPENCODE_MODE", "run")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let t = env.wait_status(id, "failed", Duration::from_secs(60));
+    assert_eq!(t["error"], "the question was not answered within 1 s", "{t:#}");
+    assert_eq!(t["questions"][0]["question"], "Red or blue?");
+    let events = || -> Vec<String> {
+        let bodies = hook.bodies.lock().unwrap();
+        bodies.iter().filter(|b| b["task_id"] == id).map(|b| b["event"].to_string()).collect()
+    };
+    assert!(eventually(Duration::from_secs(10), || events().len() >= 2), "{:?}", events());
+    let bodies = hook.bodies.lock().unwrap().clone();
+    let waiting = bodies.iter().find(|b| b["event"] == "waiting").unwrap();
+    assert_eq!(waiting["question"], "Red or blue?", "{waiting}");
+    assert_eq!(events(), [r#""waiting""#, r#""failed""#]);
+}

@@ -789,12 +789,15 @@ pub struct Orphan {
     pub task: Option<TaskId>,
 }
 
-/// A task whose lease expired; its agent, if it had one, waits in the queue's orphans for a
-/// worker on its host ([`crate::Store::take_orphans`]).
+/// A task the sweep ended or handed back: its lease expired (its agent, if it had one, waits
+/// in the queue's orphans for a worker on its host, [`crate::Store::take_orphans`]), or its
+/// question went unanswered past its `question_timeout_s`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Reaped {
     pub id: TaskId,
+    /// Queued again for another attempt; otherwise the task failed.
     pub requeued: bool,
+    pub question_timed_out: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

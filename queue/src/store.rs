@@ -931,7 +931,7 @@ impl Store {
 
     /// Requeues tasks whose lease expired (their worker died or hung), or fails them once their
     /// attempts are used up; fails waiting tasks whose question timed out. Returns what was
-    /// reaped so the caller can kill orphaned agents that run on its host.
+    /// reaped, so the caller can say so (a webhook hears a task that failed here).
     pub fn reap_expired(&self) -> Result<Vec<Reaped>> {
         self.write(|tx, now| {
             // Locked: reapers on several hosts must not both requeue (and count) one task.
@@ -967,7 +967,7 @@ impl Store {
                         format!("{error} and no attempts are left ({attempts} of {max_attempts})");
                     end_terminal(tx, now, id, TaskStatus::Failed, Some(&msg), None)?;
                 }
-                reaped.push(Reaped { id, requeued });
+                reaped.push(Reaped { id, requeued, question_timed_out: false });
             }
             let timed_out = tx.query(
                 "SELECT id, question_timeout_s FROM tasks WHERE status = 'waiting'
@@ -979,6 +979,7 @@ impl Store {
                 let (id, secs): (i64, i64) = (row.get(0)?, row.get(1)?);
                 let msg = format!("the question was not answered within {secs} s");
                 end_terminal(tx, now, TaskId(id), TaskStatus::Failed, Some(&msg), None)?;
+                reaped.push(Reaped { id: TaskId(id), requeued: false, question_timed_out: true });
             }
             Ok(reaped)
         })

@@ -429,10 +429,11 @@ fn question_timeout_fails_a_waiting_task(b: Backend) {
             },
         )
         .unwrap();
-    store.reap_expired().unwrap();
+    assert_eq!(store.reap_expired().unwrap(), []);
     assert_eq!(store.get(id).unwrap().status, TaskStatus::Waiting);
     std::thread::sleep(Duration::from_millis(1100));
-    store.reap_expired().unwrap();
+    let reaped = store.reap_expired().unwrap();
+    assert_eq!(reaped, [Reaped { id, requeued: false, question_timed_out: true }]);
     let t = store.get(id).unwrap();
     assert_eq!(t.status, TaskStatus::Failed);
     assert!(t.error.unwrap().contains("not answered within 1 s"));

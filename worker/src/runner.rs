@@ -436,7 +436,18 @@ impl Worker {
         match self.blocking(|s| s.reap_expired()).await {
             Ok(reaped) => {
                 for r in reaped {
-                    tracing::warn!(task = %r.id, requeued = r.requeued, "lease expired");
+                    if r.question_timed_out {
+                        tracing::warn!(task = %r.id, "question timed out");
+                    } else {
+                        tracing::warn!(task = %r.id, requeued = r.requeued, "lease expired");
+                    }
+                    // Ended here, not by a run: the webhook hears it all the same.
+                    if !r.requeued
+                        && let Ok(t) = self.blocking(move |s| s.get(r.id)).await
+                        && let Some(event) = notify::Event::for_task(&t)
+                    {
+                        self.notifier.send(event);
+                    }
                 }
             }
             Err(e) => tracing::warn!(error = %e, "reaping expired leases failed"),
