@@ -537,3 +537,49 @@ fn kill_9_while_a_task_runs_in_a_reused_directory_keeps_that_directory() {
     assert_eq!(t["result"]["summary"], "Second, after the crash.");
     assert_eq!(git_out(&env.repo, &["show", "taskbridge/task-2:work.txt"]), "work");
 }
+
+/// `--no-shell` and `--no-network` on the warm server: the model is offered neither the shell
+/// nor the web tools, and its calls to them run nothing. The next task, without the flags, on
+/// the same server, has both (so the test sees the difference the flags make).
+#[test]
+fn no_shell_and_no_network_take_the_shell_and_the_web_away_and_the_next_task_has_them() {
+    let env = Env::new();
+    let web = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://127.0.0.1:{}/page", web.local_addr().unwrap().port());
+    let fetched = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = fetched.clone();
+    std::thread::spawn(move || {
+        for mut s in web.incoming().flatten() {
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            use std::io::Write;
+            let _ = s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+        }
+    });
+    let fetch = || Turn::tool("webfetch", json!({"url": url, "format": "text"}));
+    let mock = MockAnthropic::spawn(vec![
+        Turn::bash("echo ran > shell.txt"),
+        fetch(),
+        Turn::text(result_block("Tried both.")),
+        Turn::bash("echo ran > shell.txt"),
+        fetch(),
+        Turn::text(result_block("Did both.")),
+    ]);
+    let env = env.with_mock(&mock);
+    let walled = env.submit(&["Try the shell and the web", "--no-shell", "--no-network"]);
+    let _worker = serve_worker(&env);
+    let t = env.wait_task(walled, RUN, |t| t["status"] == "done" || t["status"] == "failed");
+    assert!(!touched_paths(&t).contains(&"shell.txt".to_owned()), "the shell ran: {t:#}");
+    assert_eq!(fetched.load(std::sync::atomic::Ordering::SeqCst), 0, "the web was reached");
+    let offered = |req: &Value| -> Vec<String> {
+        req["tools"].as_array().unwrap().iter().map(|t| t["name"].to_string()).collect()
+    };
+    let first = offered(&mock.requests()[0]);
+    assert!(!first.iter().any(|n| n == "\"bash\"" || n == "\"webfetch\""), "{first:?}");
+
+    let open = env.submit(&["Use the shell and the web"]);
+    let t = env.wait_status(open, "done", RUN);
+    assert_eq!(touched_paths(&t), ["shell.txt"], "{t:#}\n{}", env.log(open));
+    assert_eq!(fetched.load(std::sync::atomic::Ordering::SeqCst), 1);
+    let later = offered(&mock.requests()[3]);
+    assert!(later.iter().any(|n| n == "\"bash\"") && later.iter().any(|n| n == "\"webfetch\""));
+}
