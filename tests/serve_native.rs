@@ -468,41 +468,55 @@ fn a_timeout_aborts_the_session_stops_its_command_and_fails_the_task() {
     assert!(env.log(id).contains("aborting its session"), "{}", env.log(id));
 }
 
-/// One budget shared by a batch's tasks (over MCP): the first spends within it, the second
-/// passes it and waits with a question naming the batch.
+/// One budget shared by a batch's tasks (over MCP), in tokens and then in dollars: the first
+/// task spends within it, the second passes it and waits with a question naming the batch.
 #[test]
-fn a_batch_budget_is_shared_by_its_tasks() {
+fn a_batch_budget_in_tokens_or_dollars_is_shared_by_its_tasks() {
     let env = Env::new();
-    let mock = MockAnthropic::spawn(vec![
-        Turn::bash("echo a > a.txt"),
-        Turn::text(result_block("First.")),
-        Turn::bash("echo b > b.txt"),
-        Turn::text(result_block("Second.")),
-    ]);
+    let mut turns = Vec::new();
+    for _ in 0..2 {
+        turns.extend([
+            Turn::bash("echo a > a.txt"),
+            Turn::text(result_block("First.")),
+            Turn::bash("echo b > b.txt"),
+            Turn::text(result_block("Second.")),
+        ]);
+    }
+    let mock = MockAnthropic::spawn(turns);
     let env = env.with_mock(&mock);
-    let out = python_mcp_call(
-        &env,
-        "submit_batch",
-        json!({"tasks": [{"prompt": "first"}, {"prompt": "second", "depends_on": ["#0"]}],
-               "max_tokens": 300}),
-    );
-    let ids: Vec<i64> =
-        out["tasks"].as_array().unwrap().iter().map(|t| t["task_id"].as_i64().unwrap()).collect();
     let _worker = serve_worker(&env);
-    let first = env.wait_status(ids[0], "done", RUN);
-    let spent = |t: &Value| {
-        t["result"]["usage"]["input_tokens"].as_i64().unwrap()
-            + t["result"]["usage"]["output_tokens"].as_i64().unwrap()
+    let tokens = |t: &Value| {
+        t["result"]["usage"]["input_tokens"].as_f64().unwrap()
+            + t["result"]["usage"]["output_tokens"].as_f64().unwrap()
     };
-    assert!(spent(&first) < 300, "{first:#}");
-    let second = env.wait_status(ids[1], "waiting", RUN);
-    let b = &second["ask"]["budget"];
-    assert_eq!(b["scope"], "batch", "{second:#}");
-    assert_eq!(b["max"], 300.0);
-    assert_eq!(b["spent"].as_f64().unwrap() as i64, spent(&first) + spent(&second));
-    env.ok(&["answer", &ids[1].to_string(), "stop"]);
-    let t = env.wait_status(ids[1], "failed", RUN);
-    assert!(t["error"].as_str().unwrap().contains("batch budget"), "{t:#}");
+    let dollars = |t: &Value| t["result"]["usage"]["cost_usd"].as_f64().unwrap();
+    // Each task's two steps cost about $0.0016 against the mock's prices.
+    for (key, given, max, spent) in [
+        ("max_tokens", json!(300), 300.0, &tokens as &dyn Fn(&Value) -> f64),
+        ("max_cost_usd", json!(0.002), 0.002, &dollars),
+    ] {
+        let mut args =
+            json!({"tasks": [{"prompt": "first"}, {"prompt": "second", "depends_on": ["#0"]}]});
+        args[key] = given;
+        let out = python_mcp_call(&env, "submit_batch", args);
+        let ids: Vec<i64> = out["tasks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["task_id"].as_i64().unwrap())
+            .collect();
+        let first = env.wait_status(ids[0], "done", RUN);
+        assert!(spent(&first) < max, "{key}: {first:#}");
+        let second = env.wait_status(ids[1], "waiting", RUN);
+        let b = &second["ask"]["budget"];
+        assert_eq!(b["scope"], "batch", "{key}: {second:#}");
+        assert_eq!(b["max"], max, "{key}: {second:#}");
+        let together = spent(&first) + spent(&second);
+        assert!((b["spent"].as_f64().unwrap() - together).abs() < 1e-6, "{key}: {b} vs {together}");
+        env.ok(&["answer", &ids[1].to_string(), "stop"]);
+        let t = env.wait_status(ids[1], "failed", RUN);
+        assert!(t["error"].as_str().unwrap().contains("batch budget"), "{key}: {t:#}");
+    }
 }
 
 /// A worker killed while a task runs in a directory it reused: the next worker cleans up the

@@ -710,7 +710,9 @@ asyncio.run(main())
         .output()
         .unwrap();
     assert!(out.status.success(), "python: {}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).unwrap()
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!("{tool} answered what is not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout))
+    })
 }
 
 /// The PostgreSQL server of the tests (`.ci/run` starts one with `.ci/pg`).
