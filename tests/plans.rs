@@ -350,3 +350,32 @@ fn a_stacked_task_retried_after_a_failed_attempt_starts_again_from_its_dependenc
     let branch = tb["result"]["branch"].as_str().unwrap();
     assert_eq!(git_out(&env.repo, &["show", &format!("{branch}:a.txt")]), "a");
 }
+
+/// A stacked task that asks a question and is answered resumes where it was: still started from
+/// its dependency's commit, and its files are only its own work (the dependency's are in its
+/// start, not in its change).
+#[test]
+fn a_stacked_task_that_asks_and_is_answered_keeps_its_start_and_lists_only_its_own_work() {
+    let env = Env::new();
+    // The dependent asks first; given the answer (a resumed run), it writes its file.
+    let agent = script(
+        env.dir.path(),
+        "agent",
+        "prompt=$(cat)\ncase \"$prompt\" in\n\
+         *Dependent*) printf '%s\\n' '{\"type\":\"text\",\"sessionID\":\"ses_b\",\"part\":{\"type\":\"text\",\"text\":\"```taskbridge-question\\nBlue?\\n```\"}}';;\n\
+         *Blue*) echo b > b.txt;;\n\
+         *) echo a > a.txt;;\nesac\n",
+    );
+    let a = env.submit(&["Base work"]);
+    let b = env.submit(&["Dependent work", "--depends-on", &a.to_string()]);
+    env.run_queue_with(&agent, &[]);
+    let tb = env.show(b);
+    assert_eq!(tb["status"], "waiting", "{tb:#}\n{}", env.log(b));
+    env.ok(&["answer", &b.to_string(), "Blue, please"]);
+    env.run_queue_with(&agent, &[]);
+    let ta = env.show(a);
+    let tb = env.show(b);
+    assert_eq!(tb["status"], "done", "{tb:#}\n{}", env.log(b));
+    assert_eq!(tb["started_from"], ta["result"]["commit"], "it starts from its dependency's work");
+    assert_eq!(files(&tb), ["b.txt"], "only its own work: {tb:#}");
+}
