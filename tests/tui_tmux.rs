@@ -157,14 +157,14 @@ fn answer_and_cancel(env: Env) {
     let t = env.wait_status(id, "cancelled", Duration::from_secs(15));
     assert_eq!(t["status"], "cancelled");
     assert!(
-        eventually(Duration::from_secs(5), || !group_alive(pgid)),
+        eventually(Duration::from_secs(30), || !group_alive(pgid)),
         "the agent's command was stopped"
     );
     tmux.wait_for("cancelled");
 
     // q quits (this TUI runs no worker, so it does not ask) and gives the terminal back.
     tmux.keys(&["q"]);
-    assert!(eventually(Duration::from_secs(5), || !tmux.alive()), "the TUI exited");
+    assert!(eventually(Duration::from_secs(30), || !tmux.alive()), "the TUI exited");
 }
 
 #[test]
@@ -177,7 +177,7 @@ fn a_port_in_use_is_shown_in_the_header_and_the_tui_still_runs() {
     let screen = tmux.wait_for("still here");
     assert!(screen.contains("MCP unavailable: cannot listen"), "{screen}");
     tmux.keys(&["q"]);
-    assert!(eventually(Duration::from_secs(5), || !tmux.alive()));
+    assert!(eventually(Duration::from_secs(30), || !tmux.alive()));
     drop(taken);
 }
 
@@ -224,7 +224,7 @@ fn public_mode_in_the_tui_shows_the_url_guards_it_and_reports_a_dead_tunnel() {
     tmux.keys(&["q"]);
     assert!(eventually(Duration::from_secs(10), || !tmux.alive()));
     assert!(
-        eventually(Duration::from_secs(5), || !pid_alive(tunnel)),
+        eventually(Duration::from_secs(30), || !pid_alive(tunnel)),
         "the tunnel outlived the TUI"
     );
 
@@ -239,7 +239,7 @@ fn public_mode_in_the_tui_shows_the_url_guards_it_and_reports_a_dead_tunnel() {
         .unwrap();
     tmux.wait_for("public URL down: the tunnel stopped");
     assert!(
-        eventually(Duration::from_secs(5), || std::net::TcpStream::connect(("127.0.0.1", p))
+        eventually(Duration::from_secs(30), || std::net::TcpStream::connect(("127.0.0.1", p))
             .is_err()),
         "the HTTP server stopped with its tunnel"
     );
@@ -303,16 +303,16 @@ fn the_default_tui_runs_tasks_and_every_key_reaches_the_queue() {
 
     // + and - change the priority.
     tmux.keys(&["+"]);
-    assert!(eventually(Duration::from_secs(5), || env.show(1)["priority"] == 1));
+    assert!(eventually(Duration::from_secs(30), || env.show(1)["priority"] == 1));
     tmux.keys(&["-", "-"]);
-    assert!(eventually(Duration::from_secs(5), || env.show(1)["priority"] == -1));
+    assert!(eventually(Duration::from_secs(30), || env.show(1)["priority"] == -1));
     // N adds a note.
     tmux.keys(&["N"]);
     tmux.wait_for("Note for task 1");
     tmux.text("mind the tabs");
     tmux.keys(&["C-s"]);
     assert!(
-        eventually(Duration::from_secs(5), || env.show(1)["notes"][0]["note"] == "mind the tabs")
+        eventually(Duration::from_secs(30), || env.show(1)["notes"][0]["note"] == "mind the tabs")
     );
     // l: the live log; / searches it; F follows again; Esc goes back to the queue.
     tmux.keys(&["l"]);

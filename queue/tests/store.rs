@@ -693,7 +693,7 @@ fn sqlite_another_process_commit_is_noticed_by_each_watch_layer_alone() {
         .unwrap();
         let out = child(&d.arg).output().unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        rx.recv_timeout(Duration::from_secs(5))
+        rx.recv_timeout(Duration::from_secs(30))
             .unwrap_or_else(|_| panic!("not noticed (file watch {file_watch}, poll {poll})"));
         assert_eq!(store.get(TaskId(1)).unwrap().prompt, "from another process");
     }
@@ -711,9 +711,9 @@ fn postgres_another_process_commit_is_noticed_by_notify_and_by_the_poll_alone() 
         return submit_once(&db);
     }
     // LISTEN/NOTIFY, then listen=off (the poll alone): each must see a commit made by another
-    // process. The poll fires on its own, so the listener is timed against it: a notification
-    // arrives long before the 2 s poll would.
-    for params in ["", "&listen=off&poll_ms=100"] {
+    // process. With the listener the poll is a minute apart (the longest allowed), longer than
+    // the wait, so only a notification can wake the watcher within it.
+    for params in ["&poll_ms=60000", "&listen=off&poll_ms=100"] {
         let d = Db::with_params(Backend::Postgres, params);
         let store = d.open();
         let (tx, rx) = std::sync::mpsc::channel();
@@ -722,11 +722,11 @@ fn postgres_another_process_commit_is_noticed_by_notify_and_by_the_poll_alone() 
         })
         .unwrap();
         // The listener's first call, made once it is connected (and after every reconnect).
-        rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        rx.recv_timeout(Duration::from_secs(30)).unwrap();
         let started = std::time::Instant::now();
         let out = child(&d.arg).output().unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        let seen = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        let seen = rx.recv_timeout(Duration::from_secs(20)).unwrap();
         assert!(seen >= started);
         assert_eq!(store.get(TaskId(1)).unwrap().prompt, "from another process");
     }
