@@ -56,7 +56,11 @@ fn main() -> std::process::ExitCode {
         Ok(code) => code,
         Err(e) => {
             // An error may quote a title, a remote's answer or a file: escaped like stdout.
-            eprintln!("error: {}", output::escape_controls(&format!("{e:#}")));
+            // Not eprintln!: a standard error that is a terminal gone away must not panic.
+            let text = format!("{e:#}");
+            let msg = output::escape_controls(&text);
+            let _ =
+                std::io::Write::write_fmt(&mut std::io::stderr(), format_args!("error: {msg}\n"));
             std::process::ExitCode::FAILURE
         }
     }

@@ -54,17 +54,21 @@ fn worker_config(
     Ok(cfg)
 }
 
-/// Cancels `token` on SIGINT or SIGTERM.
+/// Cancels `token` on SIGINT, SIGTERM or SIGHUP. A hangup (the terminal closed, tmux killed)
+/// must shut down as cleanly as the others: left to its default it ends the process at once,
+/// and the worker's OpenCode server, in a process group of its own, would run on unowned.
 pub fn cancel_on_signal(token: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
     tokio::spawn(async move {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => return,
-            };
+        let (Ok(mut term), Ok(mut hup)) =
+            (signal(SignalKind::terminate()), signal(SignalKind::hangup()))
+        else {
+            return;
+        };
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {}
             _ = term.recv() => {}
+            _ = hup.recv() => {}
         }
         tracing::info!("signal received; shutting down");
         token.cancel();
@@ -281,15 +285,23 @@ async fn tui(
         worker,
         opencode: ctx.config.worker.opencode.clone(),
     };
+    let aside = StderrAside::to(&ctx.home.logs_dir().join("tui-stderr.log"));
     let result = ui::run(opts, shutdown.clone()).await;
     // Running tasks go back to the queue (the worker releases them) before the process exits.
     shutdown.cancel();
     if let Some(running) = embedded {
-        let _ = tokio::time::timeout(std::time::Duration::from_secs(10), running.handle).await;
+        let worker = running.worker.clone();
+        let wait = std::time::Duration::from_secs(10);
+        if tokio::time::timeout(wait, running.handle).await.is_err() {
+            tracing::warn!("the worker did not stop within 10 s; stopping its OpenCode server");
+        }
+        // Whatever became of the worker, its server does not outlive this process.
+        worker.stop_server().await;
     }
     if let Some(t) = server_task {
         let _ = tokio::time::timeout(std::time::Duration::from_secs(2), t).await;
     }
+    drop(aside);
     if let Some(t) = tunnel_task {
         let _ = tokio::time::timeout(std::time::Duration::from_secs(5), t).await;
     }
@@ -353,5 +365,36 @@ fn auth_label(auth: &Option<(String, crate::token::Source)>) -> String {
     match auth {
         Some((_, source)) => source.describe(),
         None => "no token: any local user can call it".to_owned(),
+    }
+}
+
+/// Standard error sent to a file while the TUI owns the terminal, and put back when dropped.
+/// Anything written there meanwhile would tear the screen; and once the terminal has gone (a
+/// hangup) a write to it fails, where `eprintln!` panics, and a panic there skipped the worker's
+/// shutdown and left its OpenCode server running.
+struct StderrAside(Option<std::os::fd::OwnedFd>);
+
+impl StderrAside {
+    fn to(path: &std::path::Path) -> StderrAside {
+        use std::os::unix::fs::OpenOptionsExt;
+        let file = std::fs::OpenOptions::new().create(true).append(true).mode(0o600).open(path);
+        let saved = nix::unistd::dup(std::io::stderr());
+        match (file, saved) {
+            (Ok(file), Ok(saved)) if nix::unistd::dup2_stderr(&file).is_ok() => {
+                StderrAside(Some(saved))
+            }
+            (file, _) => {
+                tracing::warn!(path = %path.display(), ok = file.is_ok(), "stderr stays on the terminal");
+                StderrAside(None)
+            }
+        }
+    }
+}
+
+impl Drop for StderrAside {
+    fn drop(&mut self) {
+        if let Some(saved) = self.0.take() {
+            let _ = nix::unistd::dup2_stderr(&saved);
+        }
     }
 }

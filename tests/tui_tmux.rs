@@ -551,6 +551,15 @@ fn the_detail_shows_a_done_tasks_work_and_a_new_task_is_selected() {
     assert_eq!(t["questions"][0]["answer"], "howdy, partner", "{t:#}");
     let reached = || mock.requests().iter().any(|r| r["messages"].to_string().contains("howdy"));
     assert!(eventually(Duration::from_secs(60), reached), "the answer never reached the agent");
+    // The terminal goes away (tmux killed: a hangup): the TUI's worker takes its OpenCode
+    // server down with it.
+    let server = server_pid(&env).expect("the TUI's worker ran a warm OpenCode server");
+    drop(tmux);
+    assert!(
+        eventually(Duration::from_secs(30), || !pid_alive(server)),
+        "the OpenCode server outlived the TUI's terminal; the TUI's log:\n{}",
+        std::fs::read_to_string(env.home.join("logs/taskbridge.log")).unwrap_or_default()
+    );
 }
 
 #[test]

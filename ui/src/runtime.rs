@@ -38,12 +38,17 @@ enum Msg {
     Reload,
 }
 
-/// Restores the terminal however the loop ends.
+/// Restores the terminal however the loop ends, quietly: when the terminal has gone (closed,
+/// hung up) every step fails, and `ratatui::restore` would print that on a standard error that
+/// is that same dead terminal, where `eprintln!` panics, and the panic would skip the worker's
+/// shutdown (its OpenCode server left running).
 struct TerminalGuard;
 
 impl Drop for TerminalGuard {
     fn drop(&mut self) {
-        ratatui::restore();
+        use crossterm::{cursor::Show, execute, terminal};
+        let _ = terminal::disable_raw_mode();
+        let _ = execute!(std::io::stdout(), terminal::LeaveAlternateScreen, Show);
     }
 }
 

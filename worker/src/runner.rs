@@ -273,6 +273,14 @@ impl Worker {
         })
     }
 
+    /// Stops this worker's OpenCode server now (its shutdown does too; again is harmless): for
+    /// a process that cannot wait for the worker to finish stopping.
+    pub async fn stop_server(&self) {
+        if let Some(server) = &self.server {
+            server.shutdown().await;
+        }
+    }
+
     pub fn id(&self) -> &str {
         &self.id
     }
