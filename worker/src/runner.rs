@@ -2090,6 +2090,78 @@ mod tests {
     use super::*;
     use serde_json::{Value, json};
 
+    /// A loopback webhook: each request's JSON body arrives on the channel.
+    fn webhook() -> (String, std::sync::mpsc::Receiver<Value>) {
+        use std::io::{BufRead, Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/", listener.local_addr().unwrap());
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
+                let mut len = 0;
+                let mut line = String::new();
+                while reader.read_line(&mut line).unwrap_or(0) > 0 && line != "\r\n" {
+                    if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                        len = v.trim().parse().unwrap_or(0);
+                    }
+                    line.clear();
+                }
+                let mut body = vec![0; len];
+                reader.read_exact(&mut body).unwrap();
+                let _ = tx.send(serde_json::from_slice(&body).unwrap());
+                let mut stream = stream;
+                let _ = stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n");
+            }
+        });
+        (url, rx)
+    }
+
+    /// The sweep's failures reach the webhook as a run's do: a question unanswered past its
+    /// timeout is heard as failed; a lease expired with attempts left is requeued, not heard.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_task_the_sweep_fails_is_heard_by_the_webhook_and_a_requeued_one_is_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = Home::resolve(Some(dir.path().join("home"))).unwrap();
+        home.ensure().unwrap();
+        let store = Arc::new(Store::open(home.db_path()).unwrap());
+        let spec = |title: &str| {
+            queue::TaskSpec::new(title, "/tmp/repo", "0123456789abcdef0123456789abcdef01234567")
+        };
+        let mut asks = spec("asks");
+        asks.question_timeout_s = Some(1);
+        let (asks, _) = store.submit(asks).unwrap();
+        let c = store.claim_next("w", "h", Duration::from_secs(60)).unwrap().unwrap();
+        let waiting = Outcome::Waiting {
+            question: "Red or blue?".into(),
+            session_id: "s".into(),
+            result: None,
+            ask: None,
+        };
+        store.finish(asks.id, c.token, waiting).unwrap();
+        let (runs, _) = store.submit(spec("runs")).unwrap();
+        store.claim_next("w", "h", Duration::from_millis(1)).unwrap().unwrap();
+        std::thread::sleep(Duration::from_millis(1100));
+
+        let (url, heard) = webhook();
+        let mut cfg = WorkerConfig::default();
+        cfg.notify = NotifyConfig {
+            desktop: false,
+            webhook: Some(url),
+            webhook_timeout: Duration::from_secs(10),
+        };
+        let worker = Worker::new(store.clone(), home, cfg);
+        worker.reap().await;
+        worker.notifier.flush(Duration::from_secs(10)).await;
+        let got: Vec<Value> = heard.try_iter().collect();
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert_eq!(
+            (got[0]["task_id"].as_i64(), got[0]["event"].as_str()),
+            (Some(asks.id.0), Some("failed"))
+        );
+        assert_eq!(store.get(runs.id).unwrap().status, queue::TaskStatus::Queued);
+    }
+
     #[test]
     fn the_bridge_joins_the_users_own_run_config_without_replacing_it() {
         let cmd = vec!["/bin/taskbridge".to_owned(), "claude-mcp".to_owned()];
