@@ -2144,12 +2144,12 @@ mod tests {
         std::thread::sleep(Duration::from_millis(1100));
 
         let (url, heard) = webhook();
-        let mut cfg = WorkerConfig::default();
-        cfg.notify = NotifyConfig {
+        let notify = NotifyConfig {
             desktop: false,
             webhook: Some(url),
             webhook_timeout: Duration::from_secs(10),
         };
+        let cfg = WorkerConfig { notify, ..WorkerConfig::default() };
         let worker = Worker::new(store.clone(), home, cfg);
         worker.reap().await;
         worker.notifier.flush(Duration::from_secs(10)).await;
