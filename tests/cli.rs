@@ -353,11 +353,7 @@ fn ask_rules_come_from_the_flag_and_from_the_repositorys_taskbridge_toml() {
 fn worker_model_list_repo_logs_offset_and_clear_statuses_do_what_they_say() {
     let env = Env::new();
     let other = env.dir.path().join("other");
-    std::fs::create_dir(&other).unwrap();
-    git(&other, &["init", "-q", "-b", "main"]);
-    std::fs::write(other.join("a.txt"), "a\n").unwrap();
-    git(&other, &["add", "."]);
-    git(&other, &["commit", "-qm", "init"]);
+    repo_with_one_commit(&other);
     let calls = env.dir.path().join("calls.log");
     let agent = script(
         env.dir.path(),

@@ -177,11 +177,7 @@ fn the_http_guard_flags_do_what_they_say() {
     assert!(!refused.status.success() && err.contains("chmod 600"), "{err}");
     std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600)).unwrap();
     let other = env.dir.path().join("other-repo");
-    std::fs::create_dir_all(&other).unwrap();
-    git(&other, &["init", "-q", "-b", "main"]);
-    std::fs::write(other.join("a"), "a").unwrap();
-    git(&other, &["add", "."]);
-    git(&other, &["commit", "-qm", "x"]);
+    repo_with_one_commit(&other);
     let root = env.repo.display().to_string();
     let (_server, p) = start_serve(
         &env,

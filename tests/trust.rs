@@ -204,11 +204,7 @@ fn under_repo_root_a_task_outside_it_is_not_found_by_any_tool() {
     // A repository beside the root, with a finished task and a queued one in it (submitted
     // from the CLI, which has no roots).
     let outside = env.dir.path().join("outside");
-    std::fs::create_dir_all(&outside).unwrap();
-    git(&outside, &["init", "-q", "-b", "main"]);
-    std::fs::write(outside.join("a"), "a").unwrap();
-    git(&outside, &["add", "."]);
-    git(&outside, &["commit", "-qm", "x"]);
+    repo_with_one_commit(&outside);
     let out_repo = outside.to_str().unwrap();
     let hidden = env.submit(&["--repo", out_repo, "--title", "secret-outside-title", "x"]);
     let queued = env.submit(&["--repo", out_repo, "--title", "secret-queued-title", "y"]);

@@ -100,6 +100,17 @@ pub fn git(dir: &Path, args: &[&str]) {
     assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
 }
 
+/// A git repository at `dir` (made if missing) on branch `main`, with one commit of one file: a
+/// repository beside the world's own.
+#[allow(dead_code)]
+pub fn repo_with_one_commit(dir: &Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    git(dir, &["init", "-q", "-b", "main"]);
+    std::fs::write(dir.join("a.txt"), "a\n").unwrap();
+    git(dir, &["add", "."]);
+    git(dir, &["commit", "-qm", "init"]);
+}
+
 pub fn git_out(dir: &Path, args: &[&str]) -> String {
     let out = Command::new("git").args(args).current_dir(dir).envs(git_env()).output().unwrap();
     assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
