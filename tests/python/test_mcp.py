@@ -1,6 +1,6 @@
 """TaskBridge through the official Python MCP SDK (mcp 1.30.0), against the real binary.
 
-Run by tests/mcp_python.rs, which provides a git repository, a loopback mock of the Anthropic
+Run by tests/e2e/mcp_python.rs, which provides a git repository, a loopback mock of the Anthropic
 API scripted for a question round trip, and either the stdio command or a running HTTP server:
 
     test_mcp.py stdio   (env TB_BIN, TB_SERVER_ENV as JSON, TB_REPO, TB_LOGS)

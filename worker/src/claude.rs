@@ -8,7 +8,7 @@
 //! is answered at once; one that needs a person or the planner stops the process, and the answer
 //! goes on in the same session (`--resume`) as a prompt, an approval granted for the call the
 //! agent then makes again. The wire format is not documented by its authors: what is read here
-//! is what Claude Code 2.1.197 writes (the end-to-end tests in `tests/agents.rs` drive it).
+//! is what Claude Code 2.1.197 writes (the end-to-end tests in `tests/e2e/agents.rs` drive it).
 
 use crate::agent::ToolUse;
 use crate::events::{AgentError, AgentEvent, ToolCall, Usage};

@@ -3,15 +3,13 @@
 //! `restart_worker` starting a worker configured as the server's own was.
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
+use crate::support::*;
 use rmcp::model::CallToolRequestParams;
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use support::*;
 
 /// An agent that records its arguments and the bridge config it was given, then ends: `ok`
 /// succeeds, anything else fails.

@@ -2,14 +2,12 @@
 //! run by the real OpenCode CLI (against the loopback mock).
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use support::mock_anthropic::{MockAnthropic, Turn};
-use support::*;
+use crate::support::mock_anthropic::{MockAnthropic, Turn};
+use crate::support::*;
 
 fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/test_mcp.py")

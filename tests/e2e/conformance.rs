@@ -3,14 +3,12 @@
 //! serve` and the reverse bridge `taskbridge claude-mcp --listen`. The suite's general server
 //! scenarios; its other scenarios call fixture tools TaskBridge does not have. The suite drives
 //! only URLs (`conformance server --url`), so stdio is covered by the official Python SDK instead
-//! (`tests/mcp_python.rs`, the same handshake, ping and tool listing over `taskbridge mcp`).
+//! (`tests/e2e/mcp_python.rs`, the same handshake, ping and tool listing over `taskbridge mcp`).
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
+use crate::support::*;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use support::*;
 
 const SCENARIOS: [&str; 4] =
     ["server-initialize", "ping", "tools-list", "dns-rebinding-protection"];
@@ -51,7 +49,7 @@ fn run_scenarios(env: &Env, port: u16) {
 fn conformance_general_server_scenarios_pass() {
     let env = Env::new();
     // The suite's client sends no Authorization header: these scenarios are about the protocol,
-    // and the token is checked by tests/paths.rs, tests/mcp_python.rs and tests/faults.rs.
+    // and the token is checked by the paths, mcp_python and faults modules.
     let (_server, port) = start_serve(&env, &["--no-worker", "--no-token"]);
     run_scenarios(&env, port);
 }

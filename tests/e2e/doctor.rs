@@ -2,10 +2,8 @@
 //! piece is a line that says the fix, and the exit code says whether anything failed.
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
-use support::mock_anthropic::{MockAnthropic, Turn};
-use support::*;
+use crate::support::mock_anthropic::{MockAnthropic, Turn};
+use crate::support::*;
 
 #[test]
 fn doctor_on_a_fresh_machine_names_each_missing_piece_and_its_fix() {

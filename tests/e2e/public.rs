@@ -2,13 +2,11 @@
 //! ones print, and the client set-up commands.
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
+use crate::support::*;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
-use support::*;
 
 /// Starts `serve --public` on a port it picks itself; waits for the endpoint line (stdout) and
 /// the local URL (stderr); returns the server, that line and the port.
@@ -244,8 +242,17 @@ fn service_install_writes_a_valid_systemd_unit() {
 fn install_sh_yes_installs_and_registers_in_a_fresh_home() {
     let env = Env::new();
     let root = env.dir.path().join("cargo-root");
-    // install.sh in a fresh HOME, installing into `root` from a target directory of its own
-    // (installing must not replace the binary other tests run).
+    // install.sh in a fresh HOME, installing into `root`. Its binary goes to a target directory
+    // of its own (installing must not replace the binary other tests run), while its build
+    // directory is the suite's own: every dependency the suite already compiled is reused (only
+    // the few whose features differ without the dev-dependencies are built), where a build of
+    // its own took longer than any other test. `cargo test` holds no lock while tests run.
+    let suite_target = std::env::current_exe()
+        .unwrap()
+        .ancestors()
+        .nth(3)
+        .expect("the test binary lies in <target>/<profile>/deps")
+        .to_path_buf();
     let install = |home: &Path| {
         std::fs::create_dir_all(home).unwrap();
         let mut c = std::process::Command::new("bash");
@@ -259,13 +266,8 @@ fn install_sh_yes_installs_and_registers_in_a_fresh_home() {
                     .unwrap_or_else(|_| format!("{}/.cargo", std::env::var("HOME").unwrap())),
             )
             .env("CARGO_INSTALL_ROOT", &root)
-            .env(
-                "CARGO_TARGET_DIR",
-                Path::new(env!("CARGO_MANIFEST_DIR")).join("target/install-sh"),
-            )
-            // A build of its own is a second copy of every dependency; without incremental
-            // state it is a third of the size, and nobody edits it.
-            .env("CARGO_INCREMENTAL", "0")
+            .env("CARGO_TARGET_DIR", suite_target.join("install-sh"))
+            .env("CARGO_BUILD_BUILD_DIR", &suite_target)
             .env("TASKBRIDGE_HOME", &env.home)
             .stdin(Stdio::null());
         c

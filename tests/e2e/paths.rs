@@ -6,8 +6,8 @@
 //! tested.
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
+use crate::support::mock_anthropic::MockAnthropic;
+use crate::support::*;
 use rmcp::model::CallToolRequestParams;
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader};
@@ -15,8 +15,6 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
-use support::mock_anthropic::MockAnthropic;
-use support::*;
 
 /// An agent that notes when it started and ended (in the worktree and in a shared log), and
 /// which files of other tasks it could see.

@@ -4,16 +4,14 @@
 //! mock, in real repositories.
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
+use crate::support::mock_anthropic::{MockAnthropic, Turn};
+use crate::support::*;
 use serde_json::{Value, json};
 use std::time::Duration;
-use support::mock_anthropic::{MockAnthropic, Turn};
-use support::*;
 
 const RUN: Duration = Duration::from_secs(120);
 
-use support::{result_turn as result_block, touched_paths as files};
+use crate::support::{result_turn as result_block, touched_paths as files};
 
 /// The first request the mock got for task `id` (its prompt names it).
 fn first_request_of(mock: &MockAnthropic, id: i64) -> String {

@@ -6,12 +6,10 @@
 //! script: what is tested is the queue and git across hosts, not the model.
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
+use crate::support::*;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
-use support::*;
 
 /// An agent that writes which worktree it ran in, then takes a moment.
 fn stand_in_agent(dir: &Path) -> PathBuf {

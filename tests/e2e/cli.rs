@@ -2,10 +2,8 @@
 //! refused on stderr with a non-zero exit, and the `--json` forms.
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
+use crate::support::*;
 use serde_json::Value;
-use support::*;
 
 fn stderr_of(env: &Env, args: &[&str]) -> String {
     let out = env.run(args);
@@ -18,7 +16,7 @@ fn stderr_of(env: &Env, args: &[&str]) -> String {
 fn submit_list_show_and_the_json_forms() {
     // The model named below is checked against what the pinned OpenCode offers: the mock's
     // config gives it the anthropic provider, whatever is on this machine's PATH.
-    let mock = support::mock_anthropic::MockAnthropic::spawn(vec![]);
+    let mock = crate::support::mock_anthropic::MockAnthropic::spawn(vec![]);
     let env = Env::new().with_mock(&mock);
     let a = env.submit(&["Write the docs", "--title", "docs", "--priority", "-3", "--readonly"]);
     let b = env.submit(&[
@@ -395,7 +393,7 @@ fn list_models_refresh_asks_opencode_again_instead_of_the_cache() {
     env.extra_env.push(("ANTHROPIC_API_KEY".into(), String::new()));
     let lists_model = |env: &Env, args: &[&str]| env.ok(args).lines().any(|m| m == MODEL);
     assert!(!lists_model(&env, &["list-models"]), "no provider set up, no model");
-    let mock = support::mock_anthropic::MockAnthropic::spawn(vec![]);
+    let mock = crate::support::mock_anthropic::MockAnthropic::spawn(vec![]);
     let env = env.with_mock(&mock);
     assert!(!lists_model(&env, &["list-models"]), "within its hour the cached list is given");
     assert!(lists_model(&env, &["list-models", "--refresh"]));

@@ -2,12 +2,10 @@
 //! Anthropic Messages API, in real git worktrees.
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
+use crate::support::mock_anthropic::{MockAnthropic, Turn};
+use crate::support::*;
 use serde_json::{Value, json};
 use std::time::Duration;
-use support::mock_anthropic::{MockAnthropic, Turn};
-use support::*;
 
 const RUN: Duration = Duration::from_secs(120);
 

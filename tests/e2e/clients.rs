@@ -3,13 +3,11 @@
 //! connected.
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
+use crate::support::mock_anthropic::{MockAnthropic, Turn};
+use crate::support::*;
 use serde_json::json;
 use std::path::Path;
 use std::process::Command;
-use support::mock_anthropic::{MockAnthropic, Turn};
-use support::*;
 
 /// Runs `claude` (the pinned CLI) in the test's HOME with nothing of the machine's own config.
 fn claude(env: &Env, shell_line: &str) -> String {

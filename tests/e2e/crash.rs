@@ -3,20 +3,18 @@
 //! and the database passes `PRAGMA integrity_check`.
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
+use crate::support::Env;
 use rmcp::model::CallToolRequestParams;
 use serde_json::json;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use support::Env;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_of_the_server_mid_submit_loses_no_acknowledged_task() {
     let env = Env::new();
-    let mut cmd = tokio::process::Command::new(support::bin());
+    let mut cmd = tokio::process::Command::new(crate::support::bin());
     cmd.args(["mcp", "--no-worker"]).envs(env.env_vars()).current_dir(&env.repo);
-    let (client, mut child) = support::stdio_client(cmd).await;
+    let (client, mut child) = crate::support::stdio_client(cmd).await;
     let client = Arc::new(client);
 
     let acked: Arc<Mutex<Vec<(i64, String)>>> = Arc::default();

@@ -4,12 +4,10 @@
 //! Every answer goes through the real binary (the CLI) or a real MCP client.
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
+use crate::support::mock_anthropic::{MockAnthropic, Turn};
+use crate::support::*;
 use serde_json::{Value, json};
 use std::time::Duration;
-use support::mock_anthropic::{MockAnthropic, Turn};
-use support::*;
 
 const RUN: Duration = Duration::from_secs(120);
 

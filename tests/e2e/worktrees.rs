@@ -4,13 +4,11 @@
 //! is a stand-in script: what is tested is the worker's git, not the model.
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
+use crate::support::*;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
-use support::*;
 
 /// An agent that writes which worktree it ran in, then takes a moment, as a real one would.
 fn stand_in_agent(dir: &Path) -> PathBuf {

@@ -2,13 +2,11 @@
 //! database that a real worker (running the real OpenCode against the mock) fills.
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
+use crate::support::mock_anthropic::{MockAnthropic, Turn};
+use crate::support::*;
 use std::os::unix::fs::PermissionsExt;
 use std::process::Command;
 use std::time::Duration;
-use support::mock_anthropic::{MockAnthropic, Turn};
-use support::*;
 
 struct Tmux {
     socket: String,

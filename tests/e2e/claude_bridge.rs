@@ -4,15 +4,13 @@
 //! given the bridge by the worker, asks Claude through it.
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
+use crate::support::Env;
+use crate::support::mock_anthropic::{MockAnthropic, Turn};
 use rmcp::model::{CallToolRequestParams, CallToolResult};
 use rmcp::service::{RoleClient, RunningService};
 use serde_json::{Value, json};
 use std::path::Path;
 use std::time::Duration;
-use support::Env;
-use support::mock_anthropic::{MockAnthropic, Turn};
 
 /// A running `taskbridge claude-mcp` and an MCP client on its stdio.
 struct Bridge {
@@ -57,7 +55,7 @@ async fn bridge(env: &Env, vars: &[(&str, &str)]) -> Bridge {
 
 /// `claude-mcp` with more flags.
 async fn bridge_with(env: &Env, vars: &[(&str, &str)], flags: &[&str]) -> Bridge {
-    let mut cmd = tokio::process::Command::new(support::bin());
+    let mut cmd = tokio::process::Command::new(crate::support::bin());
     cmd.arg("claude-mcp")
         .args(flags)
         .envs(env.env_vars())
@@ -67,7 +65,7 @@ async fn bridge_with(env: &Env, vars: &[(&str, &str)], flags: &[&str]) -> Bridge
         .env_remove("ANTHROPIC_BASE_URL")
         .env_remove("TASKBRIDGE_CLAUDE")
         .envs(vars.iter().copied());
-    let (client, child) = support::stdio_client(cmd).await;
+    let (client, child) = crate::support::stdio_client(cmd).await;
     Bridge { client, child }
 }
 
@@ -361,7 +359,7 @@ async fn without_a_key_or_a_cli_the_bridge_says_what_to_set_up() {
 /// A bridge whose backend is the real Claude Code CLI, pointed at `mock` with `token` (Bearer).
 async fn cli_bridge(env: &Env, mock: &MockAnthropic, token: &str) -> Bridge {
     let base = format!("http://127.0.0.1:{}", mock.port);
-    let cli = support::claude_cli();
+    let cli = crate::support::claude_cli();
     let vars = [
         ("TASKBRIDGE_CLAUDE", cli.to_str().unwrap()),
         ("ANTHROPIC_BASE_URL", &base),
@@ -467,7 +465,7 @@ fn opencode_asks_claude_through_the_bridge_in_a_task_run() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let _worker = support::Child(worker);
+    let _worker = crate::support::Child(worker);
     let id = env.submit(&["Pick a port for the server; ask Claude."]);
     let t = env.wait_status(id, "done", Duration::from_secs(120));
 
@@ -524,7 +522,7 @@ fn config_opencode_registers_a_bridge_the_real_opencode_connects_to() {
     assert!(!std::fs::read_to_string(&file).unwrap().contains("sk-"), "no secret in the file");
     assert!(file.with_extension("json.bak").exists(), "a backup was written first");
 
-    let out = std::process::Command::new(support::opencode())
+    let out = std::process::Command::new(crate::support::opencode())
         .args(["mcp", "list"])
         .envs(env.env_vars())
         .current_dir(&env.repo)
@@ -543,7 +541,7 @@ fn over_http_the_bridge_is_guarded_like_the_main_server() {
     let err = String::from_utf8_lossy(&refused.stderr);
     assert!(err.contains("without a token"), "{err}");
 
-    let (_bridge, p, _) = support::start_http(env.cmd().args([
+    let (_bridge, p, _) = crate::support::start_http(env.cmd().args([
         "claude-mcp",
         "--listen",
         "127.0.0.1:0",
@@ -551,22 +549,26 @@ fn over_http_the_bridge_is_guarded_like_the_main_server() {
         "bridge-secret-0123456789abcdef0123456789",
     ]));
     assert_eq!(
-        support::post(
+        crate::support::post(
             p,
             &format!("127.0.0.1:{p}"),
             Some("bridge-secret-0123456789abcdef0123456789")
         ),
         200
     );
-    assert_eq!(support::post(p, &format!("127.0.0.1:{p}"), None), 401);
-    for wrong in support::near_misses("bridge-secret-0123456789abcdef0123456789") {
-        assert_eq!(support::post(p, &format!("127.0.0.1:{p}"), Some(&wrong)), 401, "{wrong}");
+    assert_eq!(crate::support::post(p, &format!("127.0.0.1:{p}"), None), 401);
+    for wrong in crate::support::near_misses("bridge-secret-0123456789abcdef0123456789") {
+        assert_eq!(
+            crate::support::post(p, &format!("127.0.0.1:{p}"), Some(&wrong)),
+            401,
+            "{wrong}"
+        );
     }
     assert_eq!(
-        support::post(p, "evil.example", Some("bridge-secret-0123456789abcdef0123456789")),
+        crate::support::post(p, "evil.example", Some("bridge-secret-0123456789abcdef0123456789")),
         403
     );
-    let (_, body) = support::post_body(
+    let (_, body) = crate::support::post_body(
         p,
         &format!("127.0.0.1:{p}"),
         Some("bridge-secret-0123456789abcdef0123456789"),

@@ -3,13 +3,11 @@
 //! of the Messages API and Codex against a loopback mock of the Responses API.
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
+use crate::support::mock_anthropic::{MockAnthropic, Turn};
+use crate::support::mock_openai::{MockOpenAi, Reply};
+use crate::support::*;
 use serde_json::{Value, json};
 use std::time::Duration;
-use support::mock_anthropic::{MockAnthropic, Turn};
-use support::mock_openai::{MockOpenAi, Reply};
-use support::*;
 
 const RUN: Duration = Duration::from_secs(120);
 

@@ -3,17 +3,15 @@
 //! loopback mock, real git repositories.
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
+use crate::support::mock_anthropic::{MockAnthropic, Turn};
+use crate::support::*;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use support::mock_anthropic::{MockAnthropic, Turn};
-use support::*;
 
 const RUN: Duration = Duration::from_secs(120);
 
-use support::{result_turn as result_block, touched_paths as files};
+use crate::support::{result_turn as result_block, touched_paths as files};
 
 /// Every directory under the home's `worktrees/`, spares included.
 fn worktree_dirs(env: &Env) -> Vec<PathBuf> {
@@ -629,14 +627,14 @@ fn doctor_checks_a_model_against_a_fresh_list_when_the_cached_one_lacks_it() {
     env.extra_env.push(("ANTHROPIC_API_KEY".into(), String::new()));
     let before = env.run(&["list-models"]);
     let listed = String::from_utf8_lossy(&before.stdout).into_owned();
-    assert!(!listed.lines().any(|m| m == support::MODEL), "no key, no model: {listed}");
+    assert!(!listed.lines().any(|m| m == crate::support::MODEL), "no key, no model: {listed}");
     assert!(String::from_utf8_lossy(&before.stderr).contains("as fetched 0s ago"), "{before:?}");
     // Then the provider is configured, within the cache's hour.
     let mock = MockAnthropic::spawn(vec![]);
     let env = env.with_mock(&mock);
     let doctor = env.run(&["doctor"]);
     let text = String::from_utf8_lossy(&doctor.stdout);
-    assert!(text.contains(&format!("ok    model {}", support::MODEL)), "{text}");
+    assert!(text.contains(&format!("ok    model {}", crate::support::MODEL)), "{text}");
     assert!(!text.contains("unknown model"), "{text}");
 }
 
@@ -655,7 +653,10 @@ fn doctor_probe_against_a_dead_endpoint_gives_up_soon_naming_model_provider_and_
     let text = String::from_utf8_lossy(&out.stdout);
     let line = text.lines().find(|l| l.contains("probe:")).unwrap_or_else(|| panic!("{text}"));
     assert!(line.starts_with("FAIL"), "{text}");
-    assert!(line.contains(&format!("{} (provider anthropic, {url})", support::MODEL)), "{line}");
+    assert!(
+        line.contains(&format!("{} (provider anthropic, {url})", crate::support::MODEL)),
+        "{line}"
+    );
 }
 
 /// A world on `of`'s repository and the queue `db`, with a home of its own.
