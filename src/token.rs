@@ -60,6 +60,15 @@ pub fn home_token_path(home: &Path) -> PathBuf {
 /// home's own (256 bits, created 0600 on first use). `None` only with `--no-token`. Warnings go
 /// to stderr.
 pub fn resolve(home: &Path, guard: &GuardArgs) -> anyhow::Result<Option<(String, Source)>> {
+    resolve_given(home, guard, std::env::var("TASKBRIDGE_TOKEN").ok())
+}
+
+/// `resolve`, given `TASKBRIDGE_TOKEN` (read by the caller, so that a test can give one).
+fn resolve_given(
+    home: &Path,
+    guard: &GuardArgs,
+    env_token: Option<String>,
+) -> anyhow::Result<Option<(String, Source)>> {
     if guard.no_token {
         eprintln!(
             "warning: --no-token: any user of this machine can call this server and run tasks as \
@@ -79,7 +88,7 @@ pub fn resolve(home: &Path, guard: &GuardArgs) -> anyhow::Result<Option<(String,
     if let Some(f) = &guard.token_file {
         return Ok(Some((read_private(f)?, Source::File(f.clone()))));
     }
-    if let Some(t) = std::env::var("TASKBRIDGE_TOKEN").ok().filter(|t| !t.trim().is_empty()) {
+    if let Some(t) = env_token.filter(|t| !t.trim().is_empty()) {
         return Ok(Some((checked(&t, "TASKBRIDGE_TOKEN")?, Source::Env)));
     }
     Ok(Some((home_token(home)?, Source::Home(home_token_path(home)))))
@@ -157,6 +166,61 @@ fn in_home(home: &Path, path: &Path) -> anyhow::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn guard() -> GuardArgs {
+        GuardArgs { token: None, token_file: None, no_token: false, allowed_hosts: vec![] }
+    }
+
+    fn private_file(dir: &Path, name: &str, text: &str) -> PathBuf {
+        let f = dir.join(name);
+        std::fs::write(&f, text).unwrap();
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
+        f
+    }
+
+    #[test]
+    fn the_token_comes_from_the_flag_the_file_the_environment_or_else_the_home() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = dir.path();
+        let a = "a".repeat(40);
+        let none = resolve(home, &GuardArgs { no_token: true, ..guard() }).unwrap();
+        assert_eq!(none, None);
+        let flag = resolve(home, &GuardArgs { token: Some(format!(" {a} ")), ..guard() }).unwrap();
+        assert_eq!(flag, Some((a.clone(), Source::Argv)));
+        let file = private_file(home, "given", &format!("{}\n", "f".repeat(40)));
+        let from_file = GuardArgs { token_file: Some(file.clone()), ..guard() };
+        assert_eq!(resolve(home, &from_file).unwrap(), Some(("f".repeat(40), Source::File(file))));
+        assert!(!home_token_path(home).exists(), "a token given makes none in the home");
+
+        let env = resolve_given(home, &guard(), Some(a.clone())).unwrap();
+        assert_eq!(env, Some((a, Source::Env)));
+        let e = resolve_given(home, &guard(), Some("short".into())).unwrap_err().to_string();
+        assert!(e.contains("the token from TASKBRIDGE_TOKEN is 5 characters"), "{e}");
+        // A blank TASKBRIDGE_TOKEN is no token: the home's own is used, made now.
+        let (token, source) = resolve_given(home, &guard(), Some("  ".into())).unwrap().unwrap();
+        assert_eq!(source, Source::Home(home.join("token")));
+        assert_eq!(token.len(), 64);
+        assert_eq!(home_token(home).unwrap(), token);
+        assert_eq!(resolve_given(home, &guard(), None).unwrap(), Some((token, source)));
+    }
+
+    #[test]
+    fn each_source_says_where_the_token_is_and_how_a_shell_gets_it() {
+        let home = Source::Home(PathBuf::from("/h/token"));
+        assert_eq!(home.file(), Some(Path::new("/h/token")));
+        assert_eq!(home.describe(), "token in /h/token");
+        assert_eq!(home.shell_expr(), "$(cat /h/token)");
+        let file = Source::File(PathBuf::from("/my dir/tok"));
+        assert_eq!(file.file(), Some(Path::new("/my dir/tok")));
+        assert_eq!(file.shell_expr(), "$(cat '/my dir/tok')");
+        for (s, said) in
+            [(Source::Env, "token from TASKBRIDGE_TOKEN"), (Source::Argv, "token from --token")]
+        {
+            assert_eq!(s.file(), None);
+            assert_eq!(s.describe(), said);
+            assert_eq!(s.shell_expr(), "$TASKBRIDGE_TOKEN");
+        }
+    }
 
     #[test]
     fn short_or_spaced_tokens_are_refused_with_the_reason() {

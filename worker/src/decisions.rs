@@ -226,3 +226,218 @@ fn cli_ask_permissions(task: &Task, kind: crate::agent::AgentKind) -> Vec<result
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::agent::{AgentKind, AgentSpec};
+    use crate::serve::Delivery;
+    use queue::{AgentQuestion, Ask, AskKind, PermissionAsk, QuestionOption, QuestionRound};
+
+    fn permission(always: &[&str]) -> Ask {
+        Ask {
+            kind: AskKind::Permission,
+            questions: vec![],
+            permission: Some(PermissionAsk {
+                permission: "bash".into(),
+                patterns: vec!["git push origin main".into()],
+                target: Some("git push origin main".into()),
+                always: always.iter().map(|s| s.to_string()).collect(),
+            }),
+            budget: None,
+            choices: vec![],
+            request_id: Some("per_1".into()),
+        }
+    }
+
+    fn question() -> Ask {
+        let option = |l: &str| QuestionOption { label: l.into(), description: None };
+        Ask {
+            kind: AskKind::Question,
+            questions: vec![AgentQuestion {
+                question: "Which database?".into(),
+                header: None,
+                options: vec![option("SQLite"), option("PostgreSQL")],
+                multiple: false,
+            }],
+            permission: None,
+            budget: None,
+            choices: vec![],
+            request_id: Some("que_1".into()),
+        }
+    }
+
+    fn budget() -> Ask {
+        Ask { kind: AskKind::Budget, request_id: None, ..question() }
+    }
+
+    fn answered(ask: Ask, answer: &str) -> QuestionRound {
+        QuestionRound {
+            question: ask.text(),
+            asked_at: 0.0,
+            answer: Some(answer.into()),
+            answered_at: Some(1.0),
+            ask: Some(ask),
+            answered_by: None,
+        }
+    }
+
+    fn reply(d: Delivery) -> (String, serde_json::Value) {
+        match d {
+            Delivery::Reply { path, body } => (path, body),
+            Delivery::Prompt(p) => panic!("a prompt, not a reply: {p}"),
+        }
+    }
+
+    #[test]
+    fn only_always_answers_become_grants_for_the_agents_suggestion_or_else_its_patterns() {
+        let mut task = crate::sample_task();
+        task.questions = vec![
+            answered(permission(&["git push *"]), "always"),
+            answered(permission(&[]), "Always"),
+            answered(permission(&["rm *"]), "once"),
+            answered(permission(&["curl *"]), "reject"),
+            answered(question(), "always"),
+        ];
+        let grants = always_grants(&task);
+        let pair = |a: &str, b: &str| (a.to_owned(), b.to_owned());
+        assert_eq!(
+            grants.always,
+            vec![pair("bash", "git push *"), pair("bash", "git push origin main")]
+        );
+        assert!(grants.once.is_empty());
+    }
+
+    #[test]
+    fn a_native_reply_answers_the_blocked_request_on_its_own_route() {
+        let (path, body) = reply(native_reply(&question(), "postgresql", &["be quick".into()]));
+        assert_eq!(path, "/question/que_1/reply");
+        assert_eq!(
+            body,
+            serde_json::json!({"answers": [["PostgreSQL", "Note from the planner: be quick"]]})
+        );
+        for answer in ["once", "always"] {
+            let (path, body) = reply(native_reply(&permission(&[]), answer, &[]));
+            assert_eq!(path, "/permission/per_1/reply");
+            // An `always` is a `once` to OpenCode: its own would outlive the task.
+            assert_eq!(body, serde_json::json!({"reply": "once"}), "{answer}");
+        }
+        let (path, body) = reply(native_reply(&permission(&[]), "reject", &[]));
+        assert_eq!(path, "/permission/per_1/reply");
+        assert_eq!(body, serde_json::json!({"reply": "reject"}));
+        let (_, body) = reply(native_reply(&permission(&[]), "reject: use a branch", &[]));
+        assert_eq!(body, serde_json::json!({"reply": "reject", "message": "use a branch"}));
+        // A budget has no request to reply on: its answer goes on as a prompt.
+        match native_reply(&budget(), "continue", &[]) {
+            Delivery::Prompt(p) => assert!(p.contains("raised the limit"), "{p}"),
+            Delivery::Reply { path, .. } => panic!("a reply on {path} to a budget"),
+        }
+    }
+
+    #[test]
+    fn an_answer_as_a_prompt_says_what_was_decided_about_what() {
+        let once = answer_prompt(&permission(&[]), "once");
+        assert!(once.contains("permission to bash: git push origin main. It is approved: go on"));
+        let always = answer_prompt(&permission(&[]), "always");
+        assert!(always.contains("approved for the rest of this task"), "{always}");
+        let rejected = answer_prompt(&permission(&[]), "reject: use a branch");
+        assert!(rejected.contains("It was rejected: use a branch. Carry on without it"));
+        let bare = answer_prompt(&permission(&[]), "reject");
+        assert!(bare.contains("It was rejected: no reason given"), "{bare}");
+        let raised = answer_prompt(&budget(), "continue 2");
+        assert!(raised.contains("the planner raised the limit"), "{raised}");
+        let answer = answer_prompt(&question(), "  SQLite ");
+        assert!(answer.contains("You asked:\nWhich database?"), "{answer}");
+        assert!(answer.contains("The answer is: SQLite\n"), "{answer}");
+        for p in [once, always, rejected, bare, raised, answer] {
+            assert!(p.ends_with("End as before with a taskbridge-result block."), "{p}");
+        }
+    }
+
+    fn report(kind: AgentKind, rules: &[&str], serving: bool) -> result::AgentReport {
+        let mut task = crate::sample_task();
+        task.ask_rules = rules.iter().map(|s| s.to_string()).collect();
+        agent_report(&task, &AgentSpec { kind, opencode_agent: None }, serving, serving)
+    }
+
+    fn said(r: &result::AgentReport, start: &str) -> bool {
+        r.fallbacks.iter().any(|f| f.starts_with(start))
+    }
+
+    #[test]
+    fn the_agent_report_names_each_guarantee_that_held_another_way() {
+        let served = report(AgentKind::OpenCode, &["bash:git push*"], true);
+        assert_eq!((served.name.as_str(), served.mode.as_deref()), ("opencode", Some("serve")));
+        assert!(served.capabilities.native_questions);
+        assert!(served.fallbacks.is_empty(), "{:?}", served.fallbacks);
+
+        let run = report(AgentKind::OpenCode, &["bash:git push*"], false);
+        assert_eq!(run.mode.as_deref(), Some("run"));
+        assert!(said(&run, "questions: the agent asks with a taskbridge-question block"));
+        assert!(said(&run, "permissions: deny-only"));
+        assert!(!said(&run, "cost:") && !said(&run, "decisions:"), "{:?}", run.fallbacks);
+        // No ask rules: nothing to say about permissions.
+        let plain = report(AgentKind::OpenCode, &[], false);
+        assert!(!said(&plain, "permissions:"), "{:?}", plain.fallbacks);
+
+        let codex = report(AgentKind::Codex, &["bash:rm*"], false);
+        assert_eq!((codex.name.as_str(), codex.mode.as_deref()), ("codex", None));
+        assert!(said(&codex, "permissions: codex exec cannot ask"));
+        assert!(said(&codex, "cost: the agent reports tokens only"));
+        assert!(!said(&codex, "permissions: deny-only"));
+
+        let claude = report(AgentKind::ClaudeCode, &["Bash(rm *)"], false);
+        assert_eq!((claude.name.as_str(), claude.mode.as_deref()), ("claude-code", None));
+        assert!(said(&claude, "ask rules: Claude Code applies its own settings"));
+        assert!(said(&claude, "decisions: a question or approval stops Claude Code"));
+        assert!(!said(&claude, "questions:") && !said(&claude, "permissions:"));
+        let claude = report(AgentKind::ClaudeCode, &[], false);
+        assert!(!said(&claude, "ask rules:") && said(&claude, "decisions:"));
+    }
+
+    fn permissions(
+        kind: AgentKind,
+        serving: bool,
+        f: impl Fn(&mut Task),
+    ) -> Vec<result::Permission> {
+        let mut task = crate::sample_task();
+        f(&mut task);
+        ask_permissions(&task, kind, serving)
+    }
+
+    fn flags(p: &[result::Permission]) -> Vec<(&str, &str)> {
+        p.iter().map(|p| (p.flag.as_str(), p.enforcement.as_str())).collect()
+    }
+
+    #[test]
+    fn the_result_says_what_enforced_the_budget_and_the_ask_rules_on_each_agent() {
+        let both = |t: &mut Task| {
+            t.budget.max_cost_usd = Some(1.0);
+            t.ask_rules = vec!["bash:git push*".into()];
+        };
+        let served = permissions(AgentKind::OpenCode, true, both);
+        assert_eq!(flags(&served), [("budget", "enforced"), ("ask", "enforced")]);
+        assert!(served.iter().all(|p| p.enabled));
+        assert!(served[0].how.contains("checked after every step"));
+        assert!(served[1].how.starts_with("bash:git push*: ask rules in the session"));
+        let run = permissions(AgentKind::OpenCode, false, both);
+        assert_eq!(flags(&run), [("budget", "not enforced"), ("ask", "enforced")]);
+        assert!(run[1].how.contains("denied, since `opencode run` cannot wait"));
+        // A batch's shared budget counts as a budget; nothing set says nothing.
+        let batch = permissions(AgentKind::OpenCode, true, |t| t.budget_group = Some(7));
+        assert_eq!(flags(&batch), [("budget", "enforced")]);
+        assert!(permissions(AgentKind::OpenCode, true, |_| {}).is_empty());
+
+        let claude = permissions(AgentKind::ClaudeCode, true, both);
+        assert_eq!(flags(&claude), [("budget", "not enforced"), ("ask", "enforced")]);
+        assert!(claude[0].how.starts_with("claude-code reports its spend"));
+        assert!(claude[1].how.contains("Claude Code's permission channel"));
+        let codex = permissions(AgentKind::Codex, true, both);
+        assert_eq!(flags(&codex), [("budget", "not enforced"), ("ask", "not enforced")]);
+        assert!(codex[1].how.contains("submit refuses ask rules for codex"));
+        let batch = permissions(AgentKind::Codex, true, |t| t.budget_group = Some(7));
+        assert_eq!(flags(&batch), [("budget", "not enforced")]);
+        assert!(permissions(AgentKind::ClaudeCode, true, |_| {}).is_empty());
+    }
+}
