@@ -412,4 +412,145 @@ mod tests {
         );
         assert_eq!(question("no block"), None);
     }
+
+    fn bash(target: &str) -> ToolCall {
+        ToolCall {
+            tool: "bash".into(),
+            target: target.into(),
+            status: "completed".into(),
+            exit_code: Some(0),
+        }
+    }
+
+    fn agent(reports_cost: bool) -> AgentReport {
+        AgentReport {
+            name: "codex".into(),
+            mode: None,
+            capabilities: crate::agent::Capabilities {
+                native_questions: false,
+                native_permissions: false,
+                reports_cost,
+                resumable: true,
+            },
+            fallbacks: vec![],
+        }
+    }
+
+    #[test]
+    fn a_cost_is_null_only_when_the_agent_reports_none() {
+        let mut r = TaskResult { summary: "s".into(), ..Default::default() };
+        r.usage.cost_usd = 0.25;
+        r.usage.input_tokens = 7;
+        // Results from builds that recorded no agent are OpenCode's, which reports its cost.
+        assert!(r.cost_known());
+        assert_eq!(r.usage_json()["cost_usd"], 0.25);
+        assert_eq!(r.to_json()["usage"]["cost_usd"], 0.25);
+        r.agent = Some(agent(true));
+        assert!(r.cost_known());
+        assert_eq!(r.usage_json()["cost_usd"], 0.25);
+        r.agent = Some(agent(false));
+        assert!(!r.cost_known());
+        assert_eq!(r.usage_json()["cost_usd"], Value::Null);
+        assert_eq!(r.usage_json()["input_tokens"], 7);
+        let whole = r.to_json();
+        assert_eq!(whole["usage"]["cost_usd"], Value::Null);
+        assert_eq!(whole["summary"], "s");
+    }
+
+    #[test]
+    fn a_tasks_result_reads_back_and_an_unreadable_one_is_none() {
+        let mut task = crate::sample_task();
+        assert_eq!(TaskResult::of(&task), None);
+        let r = TaskResult { summary: "Added parse()".into(), tool_calls: 3, ..Default::default() };
+        task.result = Some(r.to_json());
+        assert_eq!(TaskResult::of(&task), Some(r));
+        task.result = Some(serde_json::json!({"summary": 42}));
+        assert_eq!(TaskResult::of(&task), None);
+    }
+
+    #[test]
+    fn only_a_block_with_the_info_string_is_read_and_only_taskbridge_blocks_are_cut() {
+        let text = "Here:\n```rust\nfn main() {}\n```\nand\n```taskbridge-result\n{}\n```\nbye";
+        assert_eq!(fenced_block("```json\n{}\n```", "taskbridge-result"), None);
+        assert_eq!(fenced_block(text, "taskbridge-result").as_deref(), Some("{}"));
+        assert_eq!(fenced_block(text, "rust").as_deref(), Some("fn main() {}"));
+        assert_eq!(without_blocks(text), "Here:\n```rust\nfn main() {}\n```\nand\nbye");
+    }
+
+    #[test]
+    fn a_test_is_a_shell_command_that_looks_like_one() {
+        let run = RunLog {
+            tool_calls: vec![
+                bash("ls -la"),
+                ToolCall { tool: "read".into(), ..bash("src/test_parse.rs") },
+                bash("pytest -q"),
+            ],
+            ..Default::default()
+        };
+        let t = tests_run(&run, &ReportedResult::default());
+        assert_eq!(
+            t,
+            vec![TestRun { command: "pytest -q".into(), exit_code: Some(0), observed: true }]
+        );
+    }
+
+    #[test]
+    fn a_claimed_test_run_inside_a_longer_command_is_observed() {
+        let run = RunLog {
+            tool_calls: vec![
+                bash("cd app && cargo test -q"),
+                ToolCall { tool: "read".into(), ..bash("npm test") },
+            ],
+            ..Default::default()
+        };
+        let claims = ReportedResult {
+            tests_run: vec![Value::from("cargo test"), serde_json::json!({"command": "npm test"})],
+            ..Default::default()
+        };
+        assert_eq!(
+            tests_run(&run, &claims),
+            vec![
+                TestRun {
+                    command: "cd app && cargo test -q".into(),
+                    exit_code: Some(0),
+                    observed: true
+                },
+                // Reading a file named like the command is not running it.
+                TestRun { command: "npm test".into(), exit_code: None, observed: false },
+            ]
+        );
+    }
+
+    #[test]
+    fn every_agent_reports_all_three_flags_with_how_each_held() {
+        use crate::agent::AgentKind;
+        let words = |ps: Vec<Permission>| {
+            ps.into_iter().map(|p| (p.flag, p.enabled, p.enforcement)).collect::<Vec<_>>()
+        };
+        let e = |f: &str, on: bool, how: &str| (f.to_owned(), on, how.to_owned());
+        assert_eq!(
+            words(permissions_for(AgentKind::OpenCode, true, false, true)),
+            vec![
+                e("readonly", true, "enforced"),
+                e("no_shell", false, "enforced"),
+                e("no_network", true, "advisory")
+            ]
+        );
+        assert_eq!(
+            words(permissions_for(AgentKind::ClaudeCode, false, true, false)),
+            vec![
+                e("readonly", false, "enforced"),
+                e("no_shell", true, "enforced"),
+                e("no_network", false, "advisory")
+            ]
+        );
+        assert_eq!(
+            words(permissions_for(AgentKind::Codex, true, true, true)),
+            vec![
+                e("readonly", true, "enforced"),
+                e("no_shell", true, "not enforced"),
+                e("no_network", true, "enforced")
+            ]
+        );
+    }
 }
