@@ -552,9 +552,7 @@ pub fn prepare_worktree(
     // starts afresh on a branch of its own.
     let held = format!("refs/heads/{branch}");
     if let Some(other) = registrations(&repo).into_iter().find(|r| {
-        r.head.as_deref() == Some(held.as_str())
-            && !(same_path(&r.path, dir) || r.path == dir)
-            && opens(&r.path)
+        r.head.as_deref() == Some(held.as_str()) && !same_path(&r.path, dir) && opens(&r.path)
     }) {
         let fresh = free_branch(&repo, task_id, &base_commit)?;
         repairs.push(format!(
@@ -570,8 +568,7 @@ pub fn prepare_worktree(
     let ours = format!("refs/heads/{branch}");
     let wanted_name = worktree_name(&branch);
     for reg in registrations(&repo) {
-        let at_dir =
-            !reg.path.as_os_str().is_empty() && (same_path(&reg.path, dir) || reg.path == dir);
+        let at_dir = !reg.path.as_os_str().is_empty() && same_path(&reg.path, dir);
         let holds_branch = reg.head.as_deref() == Some(ours.as_str());
         let takes_name = reg.name == wanted_name;
         if !at_dir && !holds_branch && !takes_name {
@@ -700,8 +697,7 @@ pub fn remove_worktree(repo_path: &Path, dir: &Path) -> Result<()> {
     }
     let repo = Repository::open(repo_path)?;
     let _lock = RepoLock::acquire(&repo).map_err(|e| Error::Repo(e.message))?;
-    for reg in registrations(&repo).into_iter().filter(|r| same_path(&r.path, dir) || r.path == dir)
-    {
+    for reg in registrations(&repo).into_iter().filter(|r| same_path(&r.path, dir)) {
         if let Ok(wt) = repo.find_worktree(&reg.name) {
             wt.prune(Some(WorktreePruneOptions::new().valid(true).working_tree(true)))?;
         }
@@ -797,7 +793,12 @@ pub fn diff_against_base(worktree: &Path, base: &str) -> Result<WorkDiff> {
     let repo = Repository::open(worktree)?;
     let base_tree = repo.find_commit(Oid::from_str(base)?)?.tree()?;
     let mut opts = DiffOptions::new();
-    opts.include_untracked(true).recurse_untracked_dirs(true).show_untracked_content(true);
+    // A file that became a symlink (or the reverse) is one change, not a deletion and an
+    // addition of the same path.
+    opts.include_untracked(true)
+        .recurse_untracked_dirs(true)
+        .show_untracked_content(true)
+        .include_typechange(true);
     let mut diff = repo.diff_tree_to_workdir_with_index(Some(&base_tree), Some(&mut opts))?;
     diff.find_similar(Some(DiffFindOptions::new().renames(true).for_untracked(true)))?;
     render(&diff)
@@ -1200,5 +1201,360 @@ mod tests {
                 assert!(p.created);
             }
         }
+    }
+
+    fn head_of(dir: &Path, rev: &str) -> String {
+        let out = Command::new("git").args(["rev-parse", rev]).current_dir(dir).output().unwrap();
+        String::from_utf8(out.stdout).unwrap().trim().to_owned()
+    }
+
+    /// A commit on a new branch `name` from `from`, writing `file`; the main checkout stays put.
+    fn branch_commit(repo: &Path, name: &str, from: &str, file: &str, text: &str) -> String {
+        let root = tempfile::tempdir().unwrap();
+        let wt = root.path().join(name);
+        git(repo, &["worktree", "add", "-q", "-b", name, wt.to_str().unwrap(), from]);
+        std::fs::write(wt.join(file), text).unwrap();
+        git(&wt, &["add", "."]);
+        git(&wt, &["commit", "-qm", name]);
+        let c = head_of(&wt, "HEAD");
+        git(repo, &["worktree", "remove", "--force", wt.to_str().unwrap()]);
+        c
+    }
+
+    fn parents(repo: &Path, commit: &str) -> Vec<String> {
+        let r = Repository::open(repo).unwrap();
+        let c = r.find_commit(Oid::from_str(commit).unwrap()).unwrap();
+        c.parent_ids().map(|p| p.to_string()).collect()
+    }
+
+    #[test]
+    fn resolve_names_the_branch_head_is_on_or_the_one_given_and_no_other() {
+        let r = repo();
+        let head = head_of(r.path(), "HEAD");
+        assert_eq!(resolve_repo(r.path(), None).unwrap().branch.as_deref(), Some("main"));
+        assert_eq!(resolve_repo(r.path(), Some("main")).unwrap().branch.as_deref(), Some("main"));
+        let by_commit = resolve_repo(r.path(), Some(&head)).unwrap();
+        assert_eq!((by_commit.base.as_str(), by_commit.branch), (head.as_str(), None));
+        git(r.path(), &["tag", "v1"]);
+        assert_eq!(resolve_repo(r.path(), Some("v1")).unwrap().branch, None);
+        git(r.path(), &["checkout", "-q", "--detach"]);
+        let detached = resolve_repo(r.path(), None).unwrap();
+        assert_eq!((detached.base, detached.branch), (head, None));
+        // In a repository without commits, a named ref is unknown, not "no commits yet".
+        let empty = tempfile::tempdir().unwrap();
+        git(empty.path(), &["init", "-q"]);
+        let err = resolve_repo(empty.path(), Some("feature")).unwrap_err().to_string();
+        assert!(err.contains("unknown ref 'feature'"), "{err}");
+    }
+
+    #[test]
+    fn the_root_named_for_a_refused_repository_is_the_one_holding_git() {
+        let r = repo();
+        let deep = r.path().join("src/deep");
+        std::fs::create_dir_all(&deep).unwrap();
+        let top = r.path().canonicalize().unwrap();
+        assert_eq!(owned_repository_root(&deep), top);
+        assert_eq!(owned_repository_root(r.path()), top);
+        // The nearest one: a repository inside another is its own.
+        let inner = deep.join("vendored");
+        std::fs::create_dir(&inner).unwrap();
+        git(&inner, &["init", "-q"]);
+        assert_eq!(owned_repository_root(&inner), inner.canonicalize().unwrap());
+    }
+
+    #[test]
+    fn head_branch_is_the_checked_out_branch_only() {
+        let r = repo();
+        assert_eq!(head_branch(r.path()).as_deref(), Some("main"));
+        git(r.path(), &["checkout", "-q", "-b", "feature/x"]);
+        assert_eq!(head_branch(r.path()).as_deref(), Some("feature/x"));
+        git(r.path(), &["checkout", "-q", "--detach"]);
+        assert_eq!(head_branch(r.path()), None);
+        assert_eq!(head_branch(tempfile::tempdir().unwrap().path()), None);
+    }
+
+    #[test]
+    fn stacking_takes_the_newest_of_a_line_and_merges_work_that_diverged() {
+        let r = repo();
+        let base = head_of(r.path(), "HEAD");
+        let a = branch_commit(r.path(), "a", &base, "a-only.txt", "a\n");
+        let a2 = branch_commit(r.path(), "a2", &a, "a2-only.txt", "a2\n");
+        let b = branch_commit(r.path(), "b", &base, "b-only.txt", "b\n");
+        let s = |cs: &[&String]| {
+            let cs: Vec<String> = cs.iter().map(|c| c.to_string()).collect();
+            stack_start(r.path(), &cs, "stack").unwrap()
+        };
+        assert_eq!(s(&[]), Ok(None));
+        assert_eq!(s(&[&a]), Ok(Some(a.clone())));
+        assert_eq!(s(&[&a, &a]), Ok(Some(a.clone())), "the same work twice adds nothing");
+        assert_eq!(s(&[&a, &a2]), Ok(Some(a2.clone())), "a descendant contains its ancestor");
+        assert_eq!(s(&[&a2, &a]), Ok(Some(a2.clone())), "in either order");
+        let merged = s(&[&a, &b]).unwrap().unwrap();
+        assert_eq!(parents(r.path(), &merged), vec![a.clone(), b.clone()]);
+        let wt_root = tempfile::tempdir().unwrap();
+        let wt = wt_root.path().join("task-9");
+        prepare_worktree(r.path(), &merged, 9, None, &wt, None).unwrap();
+        assert!(wt.join("a-only.txt").exists() && wt.join("b-only.txt").exists());
+    }
+
+    #[test]
+    fn stacking_work_that_conflicts_names_the_paths_and_what_was_merged_before() {
+        let r = repo();
+        let base = head_of(r.path(), "HEAD");
+        let a = branch_commit(r.path(), "a", &base, "a.txt", "one\nA\n");
+        let c = branch_commit(r.path(), "c", &base, "c.txt", "c\n");
+        let b = branch_commit(r.path(), "b", &base, "a.txt", "one\nB\n");
+        let got = stack_start(r.path(), &[a, c, b], "stack").unwrap();
+        assert_eq!(
+            got,
+            Err(StackConflict { merged: vec![0, 1], with: 2, paths: vec!["a.txt".into()] })
+        );
+    }
+
+    #[test]
+    fn merge_fast_forwards_the_checked_out_branch_and_its_files() {
+        let r = repo();
+        let base = head_of(r.path(), "HEAD");
+        let work = branch_commit(r.path(), "work", &base, "a.txt", "one\nWORK\n");
+        let m = merge_into(r.path(), &work, "main", false, "merge").unwrap();
+        assert_eq!((m.commit.as_str(), m.how), (work.as_str(), "fast-forward"));
+        assert_eq!(
+            m.checkout.map(|p| p.canonicalize().unwrap()),
+            Some(r.path().canonicalize().unwrap())
+        );
+        assert_eq!(head_of(r.path(), "main"), work);
+        assert_eq!(std::fs::read_to_string(r.path().join("a.txt")).unwrap(), "one\nWORK\n");
+        let err = merge_into(r.path(), &work, "main", false, "merge").unwrap_err();
+        assert!(err.contains("already contains this work"), "{err}");
+        let err = merge_into(r.path(), &base, "main", false, "merge").unwrap_err();
+        assert!(err.contains("already contains this work"), "{err}");
+        let err = merge_into(r.path(), &work, "nope", false, "merge").unwrap_err();
+        assert!(err.contains("there is no branch 'nope'"), "{err}");
+    }
+
+    #[test]
+    fn merge_of_diverged_work_makes_a_merge_or_one_squashed_commit() {
+        let r = repo();
+        let base = head_of(r.path(), "HEAD");
+        let work = branch_commit(r.path(), "work", &base, "w.txt", "w\n");
+        let other = branch_commit(r.path(), "target", &base, "t.txt", "t\n");
+        // A worktree on another branch is not where the target is checked out.
+        let root = tempfile::tempdir().unwrap();
+        let bystander = root.path().join("bystander");
+        git(r.path(), &["worktree", "add", "-q", "-b", "by", bystander.to_str().unwrap(), &base]);
+        let m = merge_into(r.path(), &work, "target", false, "merge").unwrap();
+        assert_eq!((m.how, m.checkout), ("merge", None));
+        assert!(!bystander.join("w.txt").exists() && head_of(&bystander, "HEAD") == base);
+        assert_eq!(head_of(r.path(), "target"), m.commit);
+        assert_eq!(parents(r.path(), &m.commit), vec![other.clone(), work.clone()]);
+        git(r.path(), &["branch", "-f", "target2", &other]);
+        let s = merge_into(r.path(), &work, "target2", true, "squash").unwrap();
+        assert_eq!(s.how, "squash");
+        assert_eq!(parents(r.path(), &s.commit), vec![other.clone()]);
+        assert_eq!(file_at(r.path(), &s.commit, "w.txt").unwrap().as_deref(), Some("w\n"));
+        // Squash never fast-forwards: the work is one new commit on the branch.
+        git(r.path(), &["branch", "-f", "behind", &base]);
+        let s = merge_into(r.path(), &work, "behind", true, "squash").unwrap();
+        assert_eq!(s.how, "squash");
+        assert_eq!(parents(r.path(), &s.commit), vec![base.clone()]);
+        // The main checkout, on another branch, is untouched.
+        assert_eq!(head_of(r.path(), "main"), base);
+        assert!(!r.path().join("w.txt").exists());
+    }
+
+    #[test]
+    fn merge_refuses_a_dirty_checkout_or_a_conflict_and_changes_nothing() {
+        let r = repo();
+        let base = head_of(r.path(), "HEAD");
+        let work = branch_commit(r.path(), "work", &base, "a.txt", "one\nWORK\n");
+        std::fs::write(r.path().join("gone.txt"), "edited\n").unwrap();
+        let err = merge_into(r.path(), &work, "main", false, "merge").unwrap_err();
+        assert!(err.contains("uncommitted changes to gone.txt"), "{err}");
+        assert_eq!(head_of(r.path(), "main"), base);
+        git(r.path(), &["checkout", "-q", "gone.txt"]);
+        let theirs = branch_commit(r.path(), "target", &base, "a.txt", "one\nOTHER\n");
+        let err = merge_into(r.path(), &work, "target", false, "merge").unwrap_err();
+        assert!(err.contains("conflicts in a.txt"), "{err}");
+        assert_eq!(head_of(r.path(), "target"), theirs);
+    }
+
+    #[test]
+    fn merge_into_a_branch_a_linked_worktree_has_checked_out_updates_that_worktree() {
+        let r = repo();
+        let base = head_of(r.path(), "HEAD");
+        let work = branch_commit(r.path(), "work", &base, "a.txt", "one\nWORK\n");
+        let root = tempfile::tempdir().unwrap();
+        let linked = root.path().join("release");
+        git(r.path(), &["worktree", "add", "-q", "-b", "release", linked.to_str().unwrap(), &base]);
+        std::fs::write(linked.join("a.txt"), "dirty\n").unwrap();
+        let err = merge_into(r.path(), &work, "release", false, "merge").unwrap_err();
+        assert!(err.contains("checked out in") && err.contains("a.txt"), "{err}");
+        assert_eq!(head_of(r.path(), "release"), base);
+        git(&linked, &["checkout", "-q", "a.txt"]);
+        let m = merge_into(r.path(), &work, "release", false, "merge").unwrap();
+        assert_eq!(m.how, "fast-forward");
+        assert!(m.checkout.is_some_and(|p| same_path(&p, &linked)));
+        assert_eq!(std::fs::read_to_string(linked.join("a.txt")).unwrap(), "one\nWORK\n");
+        assert_eq!(head_of(&linked, "HEAD"), work);
+        // The index followed: the worktree shows no change.
+        assert!(uncommitted(&linked).unwrap().is_empty());
+        // The main checkout is untouched.
+        assert_eq!(std::fs::read_to_string(r.path().join("a.txt")).unwrap(), "one\ntwo\n");
+    }
+
+    #[test]
+    fn small_helpers_say_what_their_names_say() {
+        assert_eq!(worktree_name("taskbridge/task-3"), "taskbridge-task-3");
+        assert!(is_task_branch("taskbridge/task-3", 3));
+        assert!(is_task_branch("taskbridge/task-3-2", 3));
+        assert!(!is_task_branch("taskbridge/task-3-x", 3));
+        assert!(!is_task_branch("taskbridge/task-31", 3));
+        assert!(!is_task_branch("main", 3));
+        assert_eq!(permanent("the repo is gone".into()).to_string(), "the repo is gone");
+        let d = tempfile::tempdir().unwrap();
+        let gone = d.path().join("gone");
+        assert!(same_path(&gone, &gone), "a path that does not exist is itself");
+        std::os::unix::fs::symlink(d.path(), d.path().join("link")).unwrap();
+        assert!(same_path(&d.path().join("link"), d.path()), "through a symlink");
+        assert!(!same_path(&gone, d.path()));
+        let x = d.path().join("x");
+        assert_eq!(free_dir(&x), d.path().join("x-2"));
+        std::fs::create_dir(d.path().join("x-2")).unwrap();
+        assert_eq!(free_dir(&x), d.path().join("x-3"));
+    }
+
+    #[test]
+    fn only_a_checkout_git_opens_counts_as_a_worktree_that_opens() {
+        let r = repo();
+        assert!(opens(r.path()) && is_worktree(r.path()));
+        let plain = tempfile::tempdir().unwrap();
+        assert!(!opens(plain.path()) && !is_worktree(plain.path()));
+        // A bare repository opens but is no checkout.
+        git(plain.path(), &["init", "-q", "--bare"]);
+        assert!(!opens(plain.path()));
+        // A `.git` that leads nowhere is there but does not open.
+        let broken = tempfile::tempdir().unwrap();
+        std::fs::write(broken.path().join(".git"), "gitdir: /nowhere/at/all\n").unwrap();
+        assert!(is_worktree(broken.path()) && !opens(broken.path()));
+    }
+
+    #[test]
+    fn uncommitted_lists_changes_and_new_files_but_not_ignored_ones() {
+        let r = repo();
+        assert!(uncommitted(r.path()).unwrap().is_empty());
+        std::fs::write(r.path().join(".gitignore"), "*.log\n").unwrap();
+        git(r.path(), &["add", ".gitignore"]);
+        git(r.path(), &["commit", "-qm", "ignore"]);
+        std::fs::write(r.path().join("a.txt"), "changed\n").unwrap();
+        std::fs::create_dir(r.path().join("new")).unwrap();
+        std::fs::write(r.path().join("new/file.txt"), "x\n").unwrap();
+        std::fs::write(r.path().join("build.log"), "noise\n").unwrap();
+        let mut got = uncommitted(r.path()).unwrap();
+        got.sort();
+        assert_eq!(got, vec!["a.txt".to_string(), "new/file.txt".to_string()]);
+    }
+
+    #[test]
+    fn a_parked_worktree_is_detached_at_its_commit_and_frees_its_branch() {
+        let r = repo();
+        let base = head_of(r.path(), "HEAD");
+        let root = tempfile::tempdir().unwrap();
+        let wt = root.path().join("task-3");
+        prepare_worktree(r.path(), &base, 3, None, &wt, None).unwrap();
+        std::fs::write(wt.join("a.txt"), "work\n").unwrap();
+        let commit = commit_all(&wt, "work").unwrap().unwrap();
+        park_worktree(&wt).unwrap();
+        assert_eq!(head_branch(&wt), None);
+        assert_eq!(head_of(&wt, "HEAD"), commit);
+        // The branch is free: it can be checked out elsewhere.
+        let other = root.path().join("other");
+        git(r.path(), &["worktree", "add", "-q", other.to_str().unwrap(), "taskbridge/task-3"]);
+    }
+
+    #[test]
+    fn file_at_reads_a_commits_file_or_says_there_is_none() {
+        let r = repo();
+        let head = head_of(r.path(), "HEAD");
+        assert_eq!(file_at(r.path(), &head, "a.txt").unwrap().as_deref(), Some("one\ntwo\n"));
+        assert_eq!(file_at(r.path(), &head, "missing.txt").unwrap(), None);
+    }
+
+    #[test]
+    fn a_file_turned_into_a_symlink_is_a_typechange() {
+        let r = repo();
+        let base = head_of(r.path(), "HEAD");
+        std::fs::remove_file(r.path().join("a.txt")).unwrap();
+        std::os::unix::fs::symlink("gone.txt", r.path().join("a.txt")).unwrap();
+        let d = diff_against_base(r.path(), &base).unwrap();
+        let got: Vec<(&str, &str)> =
+            d.files.iter().map(|f| (f.path.as_str(), f.status.as_str())).collect();
+        assert_eq!(got, vec![("a.txt", "typechange")]);
+    }
+
+    fn registration_names(repo: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(repo.join(".git/worktrees"))
+            .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .unwrap_or_default();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn another_tasks_live_worktree_is_left_alone_and_changes_nothing_for_this_one() {
+        let r = repo();
+        let base = head_of(r.path(), "HEAD");
+        let root = tempfile::tempdir().unwrap();
+        let one = root.path().join("task-1");
+        prepare_worktree(r.path(), &base, 1, None, &one, None).unwrap();
+        let two = root.path().join("task-2");
+        let p = prepare_worktree(r.path(), &base, 2, None, &two, None).unwrap();
+        assert_eq!((p.branch.as_str(), p.repairs.len()), ("taskbridge/task-2", 0), "{p:?}");
+        assert!(opens(&one) && opens(&two));
+        assert_eq!(registration_names(r.path()), vec!["taskbridge-task-1", "taskbridge-task-2"]);
+        // Each is reused by its own task, on the branch it recorded, and by no other.
+        let again = prepare_worktree(r.path(), &base, 1, Some("taskbridge/task-1"), &one, None);
+        assert!(!again.unwrap().created, "reused");
+        let wrong =
+            prepare_worktree(r.path(), &base, 1, Some("taskbridge/task-1-2"), &two, None).unwrap();
+        assert!(
+            wrong.created && wrong.dir != two,
+            "task 2's worktree is stepped around: {wrong:?}"
+        );
+        assert!(opens(&two) && head_branch(&two).as_deref() == Some("taskbridge/task-2"));
+    }
+
+    #[test]
+    fn stale_registrations_at_the_directory_or_under_the_name_are_removed_and_said() {
+        let r = repo();
+        let base = head_of(r.path(), "HEAD");
+        let root = tempfile::tempdir().unwrap();
+        let wt = root.path().join("task-5");
+        // One registered at the task's directory (another branch, another name), one under the
+        // name the task's worktree gets (another directory): both directories are gone.
+        git(r.path(), &["worktree", "add", "-q", "-b", "old", wt.to_str().unwrap(), &base]);
+        let named = root.path().join("taskbridge-task-5");
+        git(r.path(), &["worktree", "add", "-q", "-b", "older", named.to_str().unwrap(), &base]);
+        std::fs::remove_dir_all(&wt).unwrap();
+        std::fs::remove_dir_all(&named).unwrap();
+        assert_eq!(registration_names(r.path()), vec!["task-5", "taskbridge-task-5"]);
+        let p = prepare_worktree(r.path(), &base, 5, None, &wt, None).unwrap();
+        assert!(p.repairs.iter().any(|m| m.ends_with("registration 'task-5'")), "{p:?}");
+        assert!(p.repairs.iter().any(|m| m.ends_with("registration 'taskbridge-task-5'")), "{p:?}");
+        assert_eq!(registration_names(r.path()), vec!["taskbridge-task-5"], "the task's own");
+        assert!(opens(&wt) && head_branch(&wt).as_deref() == Some("taskbridge/task-5"));
+    }
+
+    #[test]
+    fn a_half_made_checkout_of_the_base_is_removed_not_kept_aside() {
+        let r = repo();
+        let base = head_of(r.path(), "HEAD");
+        let root = tempfile::tempdir().unwrap();
+        let wt = root.path().join("task-8");
+        std::fs::create_dir(&wt).unwrap();
+        std::fs::write(wt.join("a.txt"), "one\ntwo\n").unwrap();
+        let p = prepared_ok(r.path(), &base, 8, &wt);
+        assert!(p.repairs.iter().any(|m| m.starts_with("removed the half-made worktree")), "{p:?}");
+        let beside: Vec<_> = std::fs::read_dir(root.path()).unwrap().flatten().collect();
+        assert_eq!(beside.len(), 1, "nothing kept aside");
     }
 }

@@ -1103,4 +1103,337 @@ mod tests {
         assert_eq!(rules[deny]["action"], "deny");
         assert!(!rules.iter().any(|r| r["permission"] == "question"), "the question tool is on");
     }
+
+    #[test]
+    fn wildcards_backtrack_and_a_pattern_must_cover_the_whole_text() {
+        assert!(wildcard_match("a*b*c", "a-b-b-c"));
+        assert!(wildcard_match("*b", "abab"));
+        assert!(wildcard_match("a**", "a"));
+        assert!(wildcard_match("", ""));
+        assert!(!wildcard_match("", "a"));
+        assert!(!wildcard_match("a", ""));
+        assert!(!wildcard_match("a?", "a"));
+        assert!(!wildcard_match("abc", "abd"));
+        assert!(!wildcard_match("a*c", "abcd"));
+        assert!(!wildcard_match("ab", "a"));
+        assert!(wildcard_match("?", "é"), "a character, not a byte");
+    }
+
+    #[test]
+    fn a_grant_covers_every_pattern_asked_of_its_permission_or_any_for_a_star() {
+        let ask = |perm: &str, pats: &[&str]| PermissionAsk {
+            permission: perm.into(),
+            patterns: pats.iter().map(|p| p.to_string()).collect(),
+            target: None,
+            always: vec![],
+        };
+        let mut g = Grants { always: vec![("bash".into(), "git *".into())], once: vec![] };
+        assert!(g.approves(&ask("bash", &["git status", "git log"])));
+        assert!(!g.approves(&ask("bash", &["git status", "rm x"])), "every pattern, not one");
+        assert!(!g.approves(&ask("edit", &["git status"])), "only its own permission");
+        assert!(!g.approves(&ask("bash", &[])), "a request naming nothing is asked");
+        g.always.push(("*".into(), "src/*".into()));
+        assert!(g.approves(&ask("edit", &["src/lib.rs"])));
+        // A once grant is for the same permission and the same patterns only.
+        g.once.push(("edit".into(), vec!["README.md".into()]));
+        assert!(!g.approves(&ask("write", &["README.md"])));
+        assert!(!g.approves(&ask("edit", &["README.md", "x"])));
+        assert!(g.approves(&ask("edit", &["README.md"])));
+        assert!(g.once.is_empty());
+    }
+
+    #[test]
+    fn a_transcript_has_each_messages_text_and_tool_calls_with_long_output_cut() {
+        assert_eq!(render_transcript(&json!([])), "");
+        let long = "x".repeat(TRANSCRIPT_OUTPUT_CHARS + 5);
+        let messages = json!([
+            {"info": {"role": "user"}, "parts": [
+                {"type": "text", "text": " Add parse() "},
+                {"type": "text", "text": "hidden", "synthetic": true},
+                {"type": "text", "text": "   "},
+            ]},
+            {"info": {"role": "assistant"}, "parts": [
+                {"type": "tool", "tool": "bash", "state": {"input": {"command": "ls"}, "output": long}},
+                {"type": "tool", "tool": "edit", "state": {"input": {}, "error": "denied"}},
+                {"type": "reasoning", "text": "thinking"},
+                {"type": "text", "text": "Done."},
+            ]},
+        ]);
+        let t = render_transcript(&messages);
+        assert!(t.starts_with("The conversation so far"), "{t}");
+        assert!(t.ends_with("---\n\n"), "{t}");
+        assert!(t.contains("[user] Add parse()\n\n"), "{t}");
+        assert!(!t.contains("hidden") && !t.contains("thinking"), "{t}");
+        let cut = format!("[tool bash] {{\"command\":\"ls\"}}\n{}… (cut)\n\n", "x".repeat(2_000));
+        assert!(t.contains(&cut), "{t}");
+        assert!(t.contains("[tool edit] {}\ndenied\n\n"), "{t}");
+        assert!(t.contains("[assistant] Done.\n\n"), "{t}");
+        let short = render_transcript(&json!([{"info": {"role": "assistant"}, "parts": [
+            {"type": "tool", "tool": "bash", "state": {"input": {}, "output": "x".repeat(2_000)}}
+        ]}]));
+        assert!(
+            short.contains(&format!("\n{}\n\n", "x".repeat(2_000))),
+            "exactly the limit is kept"
+        );
+        assert!(!short.contains("(cut)"));
+    }
+
+    #[test]
+    fn a_password_is_64_hex_digits_never_the_same_twice() {
+        let (a, b) = (random_password(), random_password());
+        assert_eq!(a.len(), 64);
+        assert!(a.chars().all(|c| c.is_ascii_hexdigit()), "{a}");
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn a_directory_is_percent_encoded_in_its_query() {
+        assert_eq!(
+            directory_query(Path::new("/home/me/my repo/a&b=c~_.-")),
+            "directory=/home/me/my%20repo/a%26b%3Dc~_.-"
+        );
+        assert_eq!(directory_query(Path::new("/tmp/é")), "directory=/tmp/%C3%A9");
+    }
+
+    #[test]
+    fn each_flag_denies_its_own_permissions_after_everything_is_allowed() {
+        let rules = |readonly, no_shell, no_network| {
+            let task = queue::Task {
+                readonly,
+                no_shell,
+                no_network,
+                ask_rules: vec!["edit:*.lock".into(), "not a rule".into()],
+                ..crate::sample_task()
+            };
+            permission_rules(&task)
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| {
+                    format!(
+                        "{} {} {}",
+                        r["permission"].as_str().unwrap(),
+                        r["pattern"].as_str().unwrap(),
+                        r["action"].as_str().unwrap()
+                    )
+                })
+                .collect::<Vec<_>>()
+        };
+        let first = ["* * allow", "external_directory * deny", "edit *.lock ask"];
+        assert_eq!(rules(false, false, false), first);
+        let mut all = first.to_vec();
+        all.extend(["edit * deny", "bash * deny", "webfetch * deny", "websearch * deny"]);
+        assert_eq!(rules(true, true, true), all);
+        let mut net = first.to_vec();
+        net.extend(["webfetch * deny", "websearch * deny"]);
+        assert_eq!(rules(false, false, true), net);
+    }
+
+    #[test]
+    fn questions_and_permissions_are_read_from_opencodes_events() {
+        let qs = questions_of(&json!({"questions": [
+            {"question": "Which DB?", "header": "DB", "multiple": true,
+             "options": [{"label": "SQLite", "description": "a file"}, {"label": "Postgres"}]},
+            {"question": "Go?"},
+        ]}));
+        assert_eq!(qs.len(), 2);
+        assert_eq!(
+            (qs[0].question.as_str(), qs[0].header.as_deref(), qs[0].multiple),
+            ("Which DB?", Some("DB"), true)
+        );
+        assert_eq!(
+            qs[0]
+                .options
+                .iter()
+                .map(|o| (o.label.as_str(), o.description.as_deref()))
+                .collect::<Vec<_>>(),
+            vec![("SQLite", Some("a file")), ("Postgres", None)]
+        );
+        assert_eq!((qs[1].header.clone(), qs[1].options.len(), qs[1].multiple), (None, 0, false));
+        assert!(questions_of(&json!({})).is_empty());
+
+        let p = permission_of(&json!({"permission": "bash", "patterns": ["git push *", 3],
+            "always": ["git push *"], "metadata": {"command": "git push origin"}}));
+        assert_eq!(
+            p,
+            PermissionAsk {
+                permission: "bash".into(),
+                patterns: vec!["git push *".into()],
+                target: Some("git push origin".into()),
+                always: vec!["git push *".into()],
+            }
+        );
+        let p = permission_of(&json!({"permission": "edit", "patterns": ["a.rs", "b.rs"]}));
+        assert_eq!(p.target.as_deref(), Some("a.rs, b.rs"), "the patterns when no metadata says");
+        let p = permission_of(&json!({"metadata": {"filePath": "/x"}}));
+        assert_eq!((p.permission.as_str(), p.target.as_deref()), ("?", Some("/x")));
+        assert_eq!(permission_of(&json!({})).target, None);
+    }
+
+    #[test]
+    fn a_workers_files_are_named_without_separators() {
+        assert_eq!(server_file_name("host:123/a"), "host_123_a");
+        let home = queue::Home::resolve(Some("/h".into())).unwrap();
+        assert_eq!(spares_file(&home, "h:1"), Path::new("/h/servers/h_1.spares.json"));
+    }
+
+    fn turn() -> TurnState {
+        TurnState {
+            roles: HashMap::new(),
+            running_tools: HashSet::new(),
+            busy: false,
+            finished: false,
+        }
+    }
+
+    #[test]
+    fn a_turn_becomes_run_lines_and_ends_when_the_busy_session_goes_idle() {
+        let logs = tempfile::tempdir().unwrap();
+        let mut log = TaskLog::open(logs.path(), 1);
+        let mut t = turn();
+        let ev = |ty: &str, props: Value| json!({"type": ty, "properties": props});
+        let part = |p: Value| ev("message.part.updated", json!({"part": p}));
+        // Idle before the turn was busy is the previous turn's end.
+        assert!(t.lines("s", &ev("session.idle", json!({})), &mut log).is_empty());
+        t.lines("s", &ev("session.status", json!({"status": {"type": "idle"}})), &mut log);
+        assert!(!t.finished);
+        t.lines(
+            "s",
+            &ev("message.updated", json!({"info": {"id": "u1", "role": "user"}})),
+            &mut log,
+        );
+        t.lines(
+            "s",
+            &ev("message.updated", json!({"info": {"id": "a1", "role": "assistant"}})),
+            &mut log,
+        );
+        assert!(
+            t.lines(
+                "s",
+                &part(json!({"messageID": "u1", "type": "text", "time": {"end": 1}})),
+                &mut log
+            )
+            .is_empty(),
+            "the user's own text is no output"
+        );
+        let kinds = |lines: Vec<String>| -> Vec<String> {
+            lines
+                .iter()
+                .map(|l| {
+                    serde_json::from_str::<Value>(l).unwrap()["type"].as_str().unwrap().to_owned()
+                })
+                .collect()
+        };
+        assert_eq!(
+            kinds(t.lines("s", &part(json!({"messageID": "a1", "type": "step-start"})), &mut log)),
+            ["step_start"]
+        );
+        assert!(
+            t.lines("s", &part(json!({"messageID": "a1", "type": "text", "time": {}})), &mut log)
+                .is_empty(),
+            "text still being written"
+        );
+        assert_eq!(
+            kinds(t.lines(
+                "s",
+                &part(json!({"messageID": "a1", "type": "text", "time": {"end": 2}})),
+                &mut log
+            )),
+            ["text"]
+        );
+        assert_eq!(
+            kinds(t.lines(
+                "s",
+                &part(json!({"messageID": "a1", "type": "reasoning", "time": {"end": 2}})),
+                &mut log
+            )),
+            ["reasoning"]
+        );
+        let tool = |status: &str| {
+            part(
+                json!({"messageID": "a1", "type": "tool", "callID": "c1", "tool": "bash", "state": {"status": status, "input": {"command": "ls"}}}),
+            )
+        };
+        assert!(t.lines("s", &tool("running"), &mut log).is_empty());
+        assert!(t.lines("s", &tool("running"), &mut log).is_empty());
+        assert!(t.lines("s", &tool("pending"), &mut log).is_empty());
+        assert_eq!(kinds(t.lines("s", &tool("completed"), &mut log)), ["tool_use"]);
+        assert_eq!(kinds(t.lines("s", &tool("error"), &mut log)), ["tool_use"]);
+        assert_eq!(
+            kinds(t.lines("s", &part(json!({"messageID": "a1", "type": "step-finish"})), &mut log)),
+            ["step_finish"]
+        );
+        let err =
+            t.lines("s", &ev("session.error", json!({"error": {"name": "APIError"}})), &mut log);
+        assert_eq!(
+            serde_json::from_str::<Value>(&err[0]).unwrap(),
+            json!({"type": "error", "sessionID": "s", "error": {"name": "APIError"}})
+        );
+        assert!(t.lines("s", &ev("other", json!({})), &mut log).is_empty());
+        // The running tool was logged once, by name and target.
+        let text =
+            std::fs::read_to_string(crate::logs::log_path(logs.path(), 1)).unwrap_or_default();
+        assert_eq!(text.matches("(running)").count(), 1, "{text}");
+        assert!(!t.finished);
+        t.lines("s", &ev("session.status", json!({"status": {"type": "busy"}})), &mut log);
+        t.lines("s", &ev("session.status", json!({"status": {"type": "idle"}})), &mut log);
+        assert!(t.finished);
+        let mut t2 = turn();
+        t2.busy = true;
+        t2.lines("s", &ev("session.idle", json!({})), &mut log);
+        assert!(t2.finished, "session.idle ends a busy turn too");
+    }
+
+    #[test]
+    fn a_dead_workers_server_files_and_detached_spares_are_cleared_and_a_live_ones_kept() {
+        let sh = |dir: &Path, args: &[&str]| {
+            let ok = std::process::Command::new("git")
+                .args(args)
+                .current_dir(dir)
+                .env("GIT_CONFIG_GLOBAL", "/dev/null")
+                .env("GIT_AUTHOR_NAME", "t")
+                .env("GIT_AUTHOR_EMAIL", "t@t")
+                .env("GIT_COMMITTER_NAME", "t")
+                .env("GIT_COMMITTER_EMAIL", "t@t")
+                .status()
+                .unwrap()
+                .success();
+            assert!(ok, "git {args:?}");
+        };
+        let repo = tempfile::tempdir().unwrap();
+        sh(repo.path(), &["init", "-q", "-b", "main"]);
+        std::fs::write(repo.path().join("a.txt"), "a\n").unwrap();
+        sh(repo.path(), &["add", "."]);
+        sh(repo.path(), &["commit", "-qm", "init"]);
+        let base = crate::git::resolve_repo(repo.path(), None).unwrap().base;
+        let root = tempfile::tempdir().unwrap();
+        let spare = root.path().join("spare");
+        let taken = root.path().join("taken");
+        crate::git::prepare_worktree(repo.path(), &base, 1, None, &spare, None).unwrap();
+        crate::git::park_worktree(&spare).unwrap();
+        crate::git::prepare_worktree(repo.path(), &base, 2, None, &taken, None).unwrap();
+
+        let home = queue::Home::resolve(Some(root.path().join("home"))).unwrap();
+        let servers = home.root().join("servers");
+        std::fs::create_dir_all(&servers).unwrap();
+        let listed = json!([
+            {"repo": repo.path(), "dir": spare},
+            {"repo": repo.path(), "dir": taken},
+        ]);
+        std::fs::write(servers.join("dead.spares.json"), listed.to_string()).unwrap();
+        std::fs::write(servers.join("alive.spares.json"), listed.to_string()).unwrap();
+        // No process has this pid, so nothing is killed; the file of a dead worker still goes.
+        std::fs::write(servers.join("dead.json"), r#"{"pid": 2147483000}"#).unwrap();
+        std::fs::write(servers.join("alive.json"), r#"{"pid": 2147483000}"#).unwrap();
+        kill_orphaned_servers(&home, |name| name == "alive");
+        let mut left: Vec<String> = std::fs::read_dir(&servers)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, vec!["alive.json", "alive.spares.json"]);
+        assert!(!spare.exists(), "the dead worker's detached spare is removed");
+        assert!(taken.join("a.txt").exists(), "a spare a task took since is its worktree now");
+    }
 }
