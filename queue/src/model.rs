@@ -1020,4 +1020,243 @@ mod tests {
         assert_eq!("blocked".parse::<StatusFilter>(), Ok(StatusFilter::Blocked));
         assert!("bogus".parse::<TaskStatus>().unwrap_err().contains("expected one of"));
     }
+
+    #[test]
+    fn a_budget_is_passed_only_above_its_limit_and_a_batch_counts_its_other_tasks() {
+        let b = |cost: Option<f64>, tokens: Option<i64>| Budget {
+            max_cost_usd: cost,
+            max_tokens: tokens,
+        };
+        assert!(!b(None, None).is_set());
+        assert!(b(Some(1.0), None).is_set() && b(None, Some(10)).is_set());
+        let own = BudgetState { own: b(Some(1.0), Some(100)), batch: None };
+        assert_eq!(own.passed(1.0, 100), None, "at the limit is not past it");
+        let stop = own.passed(1.5, 10).unwrap();
+        assert_eq!(
+            (stop.limit.as_str(), stop.scope.as_str(), stop.spent, stop.max, stop.original),
+            ("cost", "task", 1.5, 1.0, 1.0)
+        );
+        let stop = own.passed(0.5, 101).unwrap();
+        assert_eq!(
+            (stop.limit.as_str(), stop.scope.as_str(), stop.spent, stop.max),
+            ("tokens", "task", 101.0, 100.0)
+        );
+        assert_eq!(BudgetState::default().passed(1e9, i64::MAX / 2), None);
+        let batch = BudgetState {
+            own: b(None, None),
+            batch: Some(BatchBudget {
+                budget: b(Some(2.0), Some(1_000)),
+                others_cost_usd: 1.5,
+                others_tokens: 900,
+            }),
+        };
+        assert_eq!(batch.passed(0.5, 100), None, "together exactly at the limits");
+        let stop = batch.passed(0.75, 0).unwrap();
+        assert_eq!((stop.limit.as_str(), stop.scope.as_str(), stop.spent), ("cost", "batch", 2.25));
+        let stop = batch.passed(0.0, 101).unwrap();
+        assert_eq!(
+            (stop.limit.as_str(), stop.scope.as_str(), stop.spent),
+            ("tokens", "batch", 1001.0)
+        );
+    }
+
+    #[test]
+    fn the_state_machine_allows_exactly_its_moves() {
+        use TaskStatus::*;
+        let allowed: Vec<(TaskStatus, TaskStatus)> = TaskStatus::ALL
+            .into_iter()
+            .flat_map(|a| TaskStatus::ALL.into_iter().map(move |b| (a, b)))
+            .filter(|(a, b)| a.can_become(*b))
+            .collect();
+        assert_eq!(
+            allowed,
+            vec![
+                (Queued, Running),
+                (Queued, Failed),
+                (Queued, Cancelled),
+                (Running, Queued),
+                (Running, Waiting),
+                (Running, Done),
+                (Running, Failed),
+                (Running, Cancelled),
+                (Waiting, Queued),
+                (Waiting, Failed),
+                (Waiting, Cancelled),
+                (Failed, Queued),
+                (Cancelled, Queued),
+            ]
+        );
+        let terminal: Vec<TaskStatus> =
+            TaskStatus::ALL.into_iter().filter(|s| s.is_terminal()).collect();
+        assert_eq!(terminal, vec![Done, Failed, Cancelled]);
+    }
+
+    #[test]
+    fn only_a_queued_task_with_unfinished_dependencies_is_blocked() {
+        let row = |status, waiting_on: Vec<TaskId>| {
+            let mut t: Task = serde_json::from_value(serde_json::json!({
+                "id": 1, "title": "t", "prompt": "p", "repo": "/r", "base": "b", "priority": 0,
+                "depends_on": [], "waiting_on": [], "model": null, "agent": null, "readonly": false,
+                "no_network": false, "no_shell": false, "worktree_keep": false, "max_attempts": 1,
+                "timeout_s": 1, "question_timeout_s": null, "request_id": null, "status": "queued",
+                "display_status": "queued", "question": null, "questions": [], "notes": [],
+                "session_id": null, "result": null, "error": null, "attempts": 0, "worker": null,
+                "lease_until": null, "cancel_requested": false, "branch": null, "worktree": null,
+                "created_at": 0.0, "started_at": null, "finished_at": null, "updated_at": 0.0,
+                "not_before": null
+            }))
+            .unwrap();
+            t.status = status;
+            t.waiting_on = waiting_on;
+            t
+        };
+        assert!(row(TaskStatus::Queued, vec![TaskId(2)]).is_blocked());
+        assert!(!row(TaskStatus::Queued, vec![]).is_blocked());
+        assert!(!row(TaskStatus::Running, vec![TaskId(2)]).is_blocked());
+        let list_row = |status, waiting_on: Vec<TaskId>| TaskRow {
+            id: TaskId(1),
+            title: "t".into(),
+            status,
+            priority: 0,
+            repo: "/r".into(),
+            attempts: 0,
+            max_attempts: 1,
+            created_at: 0.0,
+            started_at: None,
+            finished_at: None,
+            question: None,
+            waiting_on,
+            ask: None,
+        };
+        assert_eq!(list_row(TaskStatus::Queued, vec![TaskId(2)]).display_status(), "blocked");
+        assert_eq!(list_row(TaskStatus::Queued, vec![]).display_status(), "queued");
+        assert_eq!(list_row(TaskStatus::Waiting, vec![TaskId(2)]).display_status(), "waiting");
+    }
+
+    #[test]
+    fn an_ask_rule_names_a_permission_and_maybe_a_pattern() {
+        assert_eq!(parse_ask_rule("bash: git push* "), Ok(("bash".into(), "git push*".into())));
+        assert_eq!(
+            parse_ask_rule(" external_directory "),
+            Ok(("external_directory".into(), "*".into()))
+        );
+        assert_eq!(parse_ask_rule("*:x"), Ok(("*".into(), "x".into())));
+        let err = parse_ask_rule("shell:rm").unwrap_err();
+        assert!(
+            err.contains("'shell:rm' names no permission") && err.contains("read, edit"),
+            "{err}"
+        );
+        assert!(!err.contains("*, read"), "the wildcard is not offered as an example: {err}");
+        assert!(parse_ask_rule("bash:").unwrap_err().contains("empty pattern"));
+    }
+
+    #[test]
+    fn a_decisions_text_says_what_was_asked_and_how_to_answer() {
+        let opt = |l: &str| QuestionOption { label: l.into(), description: None };
+        let q = |text: &str, options, multiple| AgentQuestion {
+            question: text.into(),
+            header: None,
+            options,
+            multiple,
+        };
+        let ask = Ask::question(vec![
+            q("Which DB?", vec![opt("SQLite"), opt("Postgres")], false),
+            q("Which features?", vec![opt("a"), opt("b")], true),
+            q("Anything else?", vec![], false),
+        ]);
+        assert_eq!(
+            ask.text(),
+            "Which DB? (one of: SQLite, Postgres)\nWhich features? (one or more of: a, b)\nAnything else?"
+        );
+        assert_eq!(ask.subject(), ask.text());
+        let stop = |limit: &str| {
+            Ask::budget(BudgetStop {
+                limit: limit.into(),
+                scope: "batch".into(),
+                spent: 0.0123,
+                max: 0.01,
+                original: 0.01,
+            })
+        };
+        assert_eq!(
+            stop("cost").text(),
+            "spent $0.0123 of $0.01 (batch budget); answer continue, continue <new limit in USD>, or stop"
+        );
+        assert!(stop("tokens").text().starts_with("used 0.0123 of 0.01 tokens (batch budget)"));
+        let p = Ask::permission(PermissionAsk {
+            permission: "edit".into(),
+            patterns: vec!["a.rs".into(), "b.rs".into()],
+            target: Some("/w/a.rs".into()),
+            always: vec![],
+        });
+        assert!(p.text().starts_with("permission to edit: /w/a.rs (answer once"), "{}", p.text());
+        assert_eq!(p.subject(), "permission to edit: /w/a.rs");
+        let p = Ask::permission(PermissionAsk { target: None, ..p.permission.clone().unwrap() });
+        assert_eq!(p.subject(), "permission to edit: a.rs, b.rs");
+        assert!(p.text().starts_with("permission to edit: a.rs, b.rs (answer"));
+    }
+
+    #[test]
+    fn every_answer_word_is_read_and_a_new_limit_may_carry_a_dollar_sign() {
+        let p = Ask::permission(PermissionAsk {
+            permission: "bash".into(),
+            patterns: vec!["x".into()],
+            target: None,
+            always: vec![],
+        });
+        for w in ["once", "allow", "Yes"] {
+            assert_eq!(p.parse_answer(w), Ok(Answer::PermissionOnce), "{w}");
+        }
+        assert_eq!(p.parse_answer(" always "), Ok(Answer::PermissionAlways));
+        for w in ["reject", "no", "DENY"] {
+            assert_eq!(p.parse_answer(w), Ok(Answer::PermissionReject { feedback: None }), "{w}");
+        }
+        assert_eq!(
+            p.parse_answer("Reject: Use the Staging Branch"),
+            Ok(Answer::PermissionReject { feedback: Some("Use the Staging Branch".into()) }),
+            "the feedback keeps its case"
+        );
+        let b = Ask::budget(BudgetStop {
+            limit: "cost".into(),
+            scope: "task".into(),
+            spent: 1.2,
+            max: 1.0,
+            original: 1.0,
+        });
+        assert_eq!(b.parse_answer("continue $2.50"), Ok(Answer::BudgetContinue(Some(2.5))));
+        assert!(b.parse_answer("continue 1.2").unwrap_err().contains("not above"));
+        assert!(b.parse_answer("go on").unwrap_err().contains("not an answer to a budget stop"));
+        // A free answer to a question that offered nothing is the text itself.
+        let free = Ask::question(vec![]);
+        assert_eq!(
+            free.parse_answer(" use SQLite "),
+            Ok(Answer::Question(vec![vec!["use SQLite".into()]]))
+        );
+        let two = Ask::question(vec![
+            AgentQuestion { question: "a".into(), header: None, options: vec![], multiple: false },
+            AgentQuestion { question: "b".into(), header: None, options: vec![], multiple: true },
+        ]);
+        assert_eq!(
+            two.parse_answer("first\n\n"),
+            Ok(Answer::Question(vec![vec!["first".into()], vec!["".into()]])),
+            "a question no line answers gets an empty answer"
+        );
+    }
+
+    #[test]
+    fn ids_and_statuses_print_as_users_read_them_and_one_question_keeps_a_long_answer_whole() {
+        assert_eq!(TaskId(42).to_string(), "#42");
+        assert_eq!(TaskStatus::Waiting.to_string(), "waiting");
+        let one = Ask::question(vec![AgentQuestion {
+            question: "Why?".into(),
+            header: None,
+            options: vec![],
+            multiple: false,
+        }]);
+        assert_eq!(
+            one.parse_answer("because\nit is faster"),
+            Ok(Answer::Question(vec![vec!["because\nit is faster".into()]])),
+            "one question: its answer may run over several lines"
+        );
+    }
 }

@@ -152,13 +152,15 @@ pub fn wildcard_match(glob: &str, text: &str) -> bool {
     let (g, t): (Vec<char>, Vec<char>) = (glob.chars().collect(), text.chars().collect());
     let (mut gi, mut ti, mut star, mut mark) = (0, 0, None, 0);
     while ti < t.len() {
-        if gi < g.len() && (g[gi] == '?' || g[gi] == t[ti]) {
-            gi += 1;
-            ti += 1;
-        } else if gi < g.len() && g[gi] == '*' {
+        // A star first: read as a literal, a `*` in the text would use the glob's star up and
+        // leave nothing to backtrack to (`echo *` would not cover `echo **`).
+        if gi < g.len() && g[gi] == '*' {
             star = Some(gi);
             mark = ti;
             gi += 1;
+        } else if gi < g.len() && (g[gi] == '?' || g[gi] == t[ti]) {
+            gi += 1;
+            ti += 1;
         } else if let Some(s) = star {
             gi = s + 1;
             mark += 1;
@@ -1117,6 +1119,10 @@ mod tests {
         assert!(!wildcard_match("a*c", "abcd"));
         assert!(!wildcard_match("ab", "a"));
         assert!(wildcard_match("?", "é"), "a character, not a byte");
+        // A star in the text is text like any other.
+        assert!(wildcard_match("echo *", "echo **"));
+        assert!(wildcard_match("ls *?", "ls a*"));
+        assert!(wildcard_match("rm *", "rm -rf *"));
     }
 
     #[test]
@@ -1435,5 +1441,48 @@ mod tests {
         assert_eq!(left, vec!["alive.json", "alive.spares.json"]);
         assert!(!spare.exists(), "the dead worker's detached spare is removed");
         assert!(taken.join("a.txt").exists(), "a spare a task took since is its worktree now");
+    }
+
+    #[test]
+    fn the_environment_plugin_is_written_into_the_home_and_blanks_the_password() {
+        let root = tempfile::tempdir().unwrap();
+        let home = queue::Home::resolve(Some(root.path().join("home"))).unwrap();
+        let path = env_plugin(&home).unwrap();
+        assert_eq!(path, home.root().join("opencode-plugin/taskbridge-env.js"));
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains(r#"output.env.OPENCODE_SERVER_PASSWORD = "";"#), "{text}");
+        // Written again each start, so a changed plugin replaces an old one.
+        std::fs::write(&path, "old").unwrap();
+        env_plugin(&home).unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), ENV_PLUGIN);
+    }
+
+    #[tokio::test]
+    async fn an_event_streams_data_lines_are_read_across_chunks_and_nothing_else() {
+        use tokio::io::AsyncWriteExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = tokio::spawn(async move {
+            let (mut sock, _) = listener.accept().await.unwrap();
+            let mut request = [0u8; 1024];
+            let _ = tokio::io::AsyncReadExt::read(&mut sock, &mut request).await;
+            sock.write_all(
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n\
+                  data: {\"a\":1}\n\nda",
+            )
+            .await
+            .unwrap();
+            sock.flush().await.unwrap();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            sock.write_all(b"ta: two\r\n: a comment\nevent: x\ndata:three\n\n").await.unwrap();
+        });
+        crate::notify::install_tls();
+        let resp = reqwest::get(format!("http://127.0.0.1:{port}/event")).await.unwrap();
+        let mut lines = SseLines::new(resp);
+        assert_eq!(lines.next().await.as_deref(), Some(r#"{"a":1}"#));
+        assert_eq!(lines.next().await.as_deref(), Some("two"), "a line split between chunks");
+        assert_eq!(lines.next().await.as_deref(), Some("three"));
+        assert_eq!(lines.next().await, None, "the stream ended");
+        server.await.unwrap();
     }
 }
