@@ -351,4 +351,63 @@ mod tests {
         let e = Location::parse("postgres://u:pw@h:notaport/db").unwrap_err().to_string();
         assert!(!e.contains("pw@"), "{e}");
     }
+
+    #[test]
+    fn a_queue_is_shared_named_and_shown_without_its_password() {
+        let pg = Location::parse("postgres://me:pw@h/db?schema=team_a").unwrap();
+        let file = Location::parse("/tmp/q.db").unwrap();
+        assert!(pg.is_shared() && !file.is_shared());
+        assert_eq!((pg.backend(), file.backend()), ("postgres", "sqlite"));
+        assert_eq!(format!("{pg:?}"), "postgres://me:***@h/db?schema=team_a");
+        let Location::Postgres(u) = &pg else { panic!("not postgres") };
+        assert_eq!(format!("{u:?}"), "postgres://me:***@h/db?schema=team_a");
+        assert_eq!(format!("{file:?}"), "/tmp/q.db");
+    }
+
+    #[test]
+    fn a_queues_key_is_a_stable_hash_of_what_it_is() {
+        // FNV-1a of "postgres://me:***@h/db?schema=team_a#team_a", cut to 32 bits: the same in
+        // every build, since worktree directories are named by it.
+        let key = |s: &str| Location::parse(s).unwrap().key();
+        assert_eq!(key("postgres://me:pw@h/db?schema=team_a"), "625657c9");
+        assert_ne!(
+            key("postgres://me:pw@h/db?schema=team_b"),
+            key("postgres://me:pw@h/db?schema=team_a")
+        );
+        let d = tempfile::tempdir().unwrap();
+        let real = d.path().canonicalize().unwrap();
+        std::os::unix::fs::symlink(&real, d.path().join("link")).unwrap();
+        let a = key(real.join("q.db").to_str().unwrap());
+        assert_eq!(a.len(), 8);
+        assert_eq!(a, key(d.path().join("link/q.db").to_str().unwrap()), "the real path counts");
+        assert_ne!(a, key(real.join("other.db").to_str().unwrap()));
+        // A bare file name is in the current directory.
+        let here = std::env::current_dir().unwrap().canonicalize().unwrap();
+        assert_eq!(key("q.db"), key(here.join("q.db").to_str().unwrap()));
+    }
+
+    #[test]
+    fn the_poll_the_schema_and_the_ca_are_read_from_the_url() {
+        let pg = |q: &str| match Location::parse(&format!("postgres://u:pw@h/db?{q}")) {
+            Ok(Location::Postgres(u)) => Ok(u),
+            Ok(other) => panic!("{other:?}"),
+            Err(e) => Err(e.to_string()),
+        };
+        assert_eq!(pg("poll_ms=250").unwrap().poll, Duration::from_millis(250));
+        assert_eq!(pg("").unwrap().poll, Duration::from_millis(2000));
+        assert!(pg("poll_ms=5").unwrap_err().contains("use 10 to 60000"));
+        let u = pg("sslmode=verify-full&sslrootcert=/etc/ca.pem").unwrap();
+        assert_eq!(
+            (u.tls, u.root_cert.as_deref()),
+            (Tls::VerifyFull, Some(Path::new("/etc/ca.pem")))
+        );
+        assert_eq!(u.driver_url, "postgres://u:pw@h/db?sslmode=require");
+        assert_eq!(pg("schema=_team").unwrap().schema, "_team");
+        for bad in ["1team", "team-a", "Team"] {
+            assert!(
+                pg(&format!("schema={bad}")).unwrap_err().contains("lowercase letters"),
+                "{bad}"
+            );
+        }
+    }
 }

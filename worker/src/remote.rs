@@ -209,4 +209,106 @@ mod tests {
             assert!(e.contains(why) && e.contains("invalid remote"), "{bad:?}: {e}");
         }
     }
+
+    fn sh(dir: &Path, args: &[&str]) -> String {
+        let out = Command::new("git")
+            .args(args)
+            .current_dir(dir)
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .env("GIT_AUTHOR_NAME", "t")
+            .env("GIT_AUTHOR_EMAIL", "t@t")
+            .env("GIT_COMMITTER_NAME", "t")
+            .env("GIT_COMMITTER_EMAIL", "t@t")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    /// A working repository with one commit on main, and a bare remote holding it as origin.
+    fn repo_and_remote(root: &Path) -> (PathBuf, String, String) {
+        let work = root.join("work");
+        std::fs::create_dir(&work).unwrap();
+        sh(&work, &["init", "-q", "-b", "main"]);
+        std::fs::write(work.join("a.txt"), "a\n").unwrap();
+        sh(&work, &["add", "."]);
+        sh(&work, &["commit", "-qm", "one"]);
+        let remote = root.join("remote.git").display().to_string();
+        sh(root, &["init", "-q", "--bare", "remote.git"]);
+        sh(&work, &["remote", "add", "origin", &remote]);
+        sh(&work, &["push", "-q", "origin", "main"]);
+        let head = sh(&work, &["rev-parse", "HEAD"]);
+        (work, remote, head)
+    }
+
+    #[test]
+    fn mirror_names_keep_the_remotes_last_word_and_hash_all_of_it() {
+        let m = Path::new("/h/mirrors");
+        assert_eq!(
+            mirror_dir(m, "git@example.com:team/my app.v2.git"),
+            m.join("my_app_v2-8631832af529.git"),
+            "the same in every build: workers on several hosts share the name"
+        );
+        let name =
+            mirror_dir(m, "/srv/git/a-b_c/").file_name().unwrap().to_str().unwrap().to_owned();
+        assert!(name.starts_with("a-b_c-"), "{name}");
+    }
+
+    #[test]
+    fn a_base_no_ref_of_the_remote_holds_is_pushed_for_it_and_one_it_holds_is_not() {
+        let root = tempfile::tempdir().unwrap();
+        let (work, remote, head) = repo_and_remote(root.path());
+        assert_eq!(origin_url(&work).as_deref(), Some(remote.as_str()));
+        assert_eq!(origin_url(Path::new(&remote)), None, "the remote has no origin of its own");
+        assert_eq!(ensure_fetchable(&work, "origin", &head).unwrap(), None, "main's tip");
+        std::fs::write(work.join("b.txt"), "b\n").unwrap();
+        sh(&work, &["add", "."]);
+        sh(&work, &["commit", "-qm", "two"]);
+        let second = sh(&work, &["rev-parse", "HEAD"]);
+        sh(&work, &["push", "-q", "origin", "main"]);
+        assert_eq!(ensure_fetchable(&work, "origin", &head).unwrap(), None, "an ancestor of main");
+        std::fs::write(work.join("c.txt"), "c\n").unwrap();
+        sh(&work, &["add", "."]);
+        sh(&work, &["commit", "-qm", "local only"]);
+        let local = sh(&work, &["rev-parse", "HEAD"]);
+        let pushed = ensure_fetchable(&work, "origin", &local).unwrap();
+        assert_eq!(pushed, Some(format!("refs/taskbridge/base/{local}")));
+        let listed = sh(root.path(), &["ls-remote", &remote]);
+        assert!(listed.contains(&format!("{local}\trefs/taskbridge/base/{local}")), "{listed}");
+        assert!(listed.contains(&format!("{second}\trefs/heads/main")), "{listed}");
+        let err = ensure_fetchable(&work, "/nowhere/at/all.git", &local).unwrap_err().to_string();
+        assert!(err.contains("cannot be reached"), "{err}");
+    }
+
+    #[test]
+    fn a_mirror_is_made_once_fetches_the_remote_and_pushes_a_task_branch_back() {
+        let root = tempfile::tempdir().unwrap();
+        let (work, remote, head) = repo_and_remote(root.path());
+        let mirror = root.path().join("mirrors/remote-x.git");
+        sync_mirror(&mirror, &remote).unwrap();
+        assert!(mirror.join("HEAD").exists());
+        assert!(!root.path().join("mirrors/remote-x.git.partial").exists());
+        assert_eq!(sh(&mirror, &["rev-parse", "refs/remotes/origin/main"]), head);
+        // A second sync fetches what is new, into the same mirror.
+        std::fs::write(work.join("b.txt"), "b\n").unwrap();
+        sh(&work, &["add", "."]);
+        sh(&work, &["commit", "-qm", "two"]);
+        sh(&work, &["push", "-q", "origin", "main"]);
+        let second = sh(&work, &["rev-parse", "HEAD"]);
+        sync_mirror(&mirror, &remote).unwrap();
+        assert_eq!(sh(&mirror, &["rev-parse", "refs/remotes/origin/main"]), second);
+        let err = sync_mirror(&mirror, "/nowhere/at/all.git").unwrap_err().to_string();
+        assert!(err.contains("fetching /nowhere/at/all.git into the mirror"), "{err}");
+
+        // The task's branch, made in the mirror, goes to the remote and from there to the user.
+        sh(&mirror, &["branch", "taskbridge/task-1", &head]);
+        push_branch(&mirror, &remote, "taskbridge/task-1").unwrap();
+        assert_eq!(sh(Path::new(&remote), &["rev-parse", "refs/heads/taskbridge/task-1"]), head);
+        fetch_branch(&work, "origin", "taskbridge/task-1").unwrap();
+        assert_eq!(sh(&work, &["rev-parse", "refs/heads/taskbridge/task-1"]), head);
+        let err = fetch_branch(&work, "origin", "no-such").unwrap_err().to_string();
+        assert!(err.contains("fetching no-such from origin"), "{err}");
+        let err = push_branch(&mirror, &remote, "no-such").unwrap_err().to_string();
+        assert!(err.contains("pushing no-such to"), "{err}");
+    }
 }
