@@ -843,7 +843,7 @@ fn render(diff: &Diff<'_>) -> Result<WorkDiff> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::process::Command;
 

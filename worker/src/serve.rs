@@ -1392,20 +1392,7 @@ mod tests {
 
     #[test]
     fn a_dead_workers_server_files_and_detached_spares_are_cleared_and_a_live_ones_kept() {
-        let sh = |dir: &Path, args: &[&str]| {
-            let ok = std::process::Command::new("git")
-                .args(args)
-                .current_dir(dir)
-                .env("GIT_CONFIG_GLOBAL", "/dev/null")
-                .env("GIT_AUTHOR_NAME", "t")
-                .env("GIT_AUTHOR_EMAIL", "t@t")
-                .env("GIT_COMMITTER_NAME", "t")
-                .env("GIT_COMMITTER_EMAIL", "t@t")
-                .status()
-                .unwrap()
-                .success();
-            assert!(ok, "git {args:?}");
-        };
+        let sh = crate::git::tests::git;
         let repo = tempfile::tempdir().unwrap();
         sh(repo.path(), &["init", "-q", "-b", "main"]);
         std::fs::write(repo.path().join("a.txt"), "a\n").unwrap();
