@@ -496,6 +496,8 @@ pub fn prepare_worktree(
             (None, _) => false,
         };
         if let (true, Some(branch)) = (ours, on.clone()) {
+            // A run killed while committing on the branch may have left its lock.
+            repairs.extend(clear_stale_ref_lock(&repo, &branch)?);
             return Ok(Prepared { branch, dir, created: false, repairs });
         }
         // Another task's worktree (another queue's task of the same number, on this home): it
@@ -601,6 +603,9 @@ pub fn prepare_worktree(
         repairs.push(format!("removed the stale worktree registration '{}'", reg.name));
     }
 
+    if let Some(repair) = clear_stale_ref_lock(&repo, &branch)? {
+        repairs.push(repair);
+    }
     let reference = match repo.find_branch(&branch, BranchType::Local) {
         Ok(b) => b.into_reference(),
         Err(_) => repo.branch(&branch, &base_commit, false).map_err(transient)?.into_reference(),
@@ -629,6 +634,33 @@ pub fn file_at(repo: &Path, commit: &str, path: &str) -> Result<Option<String>> 
     let Ok(entry) = tree.get_path(Path::new(path)) else { return Ok(None) };
     let blob = entry.to_object(&repo)?.peel_to_blob()?;
     Ok(Some(String::from_utf8_lossy(blob.content()).into_owned()))
+}
+
+/// A ref lock older than this on a task's branch is a leftover: git holds one for the few
+/// milliseconds of a ref write.
+const STALE_REF_LOCK: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Removes `refs/heads/<branch>.lock` when a process killed while writing the branch (making
+/// it, committing on it) left it behind: git never removes such a lock itself, so every later
+/// attempt would fail on it. Called under [`RepoLock`], where no TaskBridge process is writing
+/// the branch; a lock younger than [`STALE_REF_LOCK`] may still be someone's write, and is left.
+fn clear_stale_ref_lock(
+    repo: &Repository,
+    branch: &str,
+) -> std::result::Result<Option<String>, PrepareError> {
+    let lock = repo.commondir().join("refs/heads").join(format!("{branch}.lock"));
+    let Ok(modified) = std::fs::metadata(&lock).and_then(|m| m.modified()) else {
+        return Ok(None);
+    };
+    if modified.elapsed().is_ok_and(|age| age < STALE_REF_LOCK) {
+        return Ok(None);
+    }
+    std::fs::remove_file(&lock)
+        .map_err(|e| transient(format!("removing the stale lock {}: {e}", lock.display())))?;
+    Ok(Some(format!(
+        "removed the lock {} that a process killed while writing branch {branch} left behind",
+        lock.display()
+    )))
 }
 
 /// `<dir>-2`, `<dir>-3`, …: the first that does not exist.
@@ -896,6 +928,37 @@ pub(crate) mod tests {
         let ok = resolve_repo(&sub, Some("main")).unwrap();
         assert_eq!(ok.toplevel, r.path().canonicalize().unwrap());
         assert_eq!(ok.base.len(), 40);
+    }
+
+    /// A worker killed while git wrote the task's branch leaves `<branch>.lock`; the next
+    /// attempt removes it once it is clearly stale, and leaves a fresh one (a write going on).
+    #[test]
+    fn a_stale_lock_on_the_tasks_branch_is_removed_and_a_fresh_one_left() {
+        let r = repo();
+        let base = resolve_repo(r.path(), None).unwrap().base;
+        let wt_root = tempfile::tempdir().unwrap();
+        let heads = r.path().join(".git/refs/heads/taskbridge");
+        std::fs::create_dir_all(&heads).unwrap();
+        let lock = heads.join("task-3.lock");
+        std::fs::write(&lock, "").unwrap();
+        let err = prepare_worktree(r.path(), &base, 3, None, &wt_root.path().join("a"), None)
+            .unwrap_err();
+        assert!(!err.permanent && err.message.contains("lock"), "{}", err.message);
+        assert!(lock.exists(), "a fresh lock is someone's write");
+
+        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(60);
+        std::fs::File::options().write(true).open(&lock).unwrap().set_modified(old).unwrap();
+        let p =
+            prepare_worktree(r.path(), &base, 3, None, &wt_root.path().join("b"), None).unwrap();
+        assert_eq!(p.branch, "taskbridge/task-3");
+        assert!(!lock.exists());
+        assert!(p.repairs.iter().any(|r| r.contains("task-3.lock")), "{:?}", p.repairs);
+
+        // Killed while committing in its worktree: the retry reuses the worktree, lock removed.
+        std::fs::write(&lock, "").unwrap();
+        std::fs::File::options().write(true).open(&lock).unwrap().set_modified(old).unwrap();
+        let again = prepare_worktree(r.path(), &base, 3, Some(&p.branch), &p.dir, None).unwrap();
+        assert!(!again.created && !lock.exists(), "{:?}", again.repairs);
     }
 
     #[test]
