@@ -205,7 +205,7 @@ pub fn run(client: &str, write: bool, home: &Path, http_url: &str) -> anyhow::Re
         "opencode" => {
             let path = opencode_config_path()?;
             let entry = opencode_entry(home)?;
-            let name = worker::runner::BRIDGE_MCP_NAME;
+            let name = worker::BRIDGE_MCP_NAME;
             if write {
                 let backup = merge_into(&path, "mcp", name, entry)?;
                 outln!("added the Claude bridge as mcp.{name} to {}", path.display());

@@ -76,7 +76,7 @@ pub fn run(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode> {
             outln!("{}", t.id.0);
         }
         Command::Merge { id, into, squash } => {
-            let r = worker::merge::merge_task(store, TaskId(id), into.as_deref(), squash)?;
+            let r = worker::merge_task(store, TaskId(id), into.as_deref(), squash)?;
             let others: Vec<String> =
                 r.merged.iter().filter(|t| **t != id).map(|t| t.to_string()).collect();
             outln!(
@@ -100,7 +100,7 @@ pub fn run(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode> {
                     task.display_status
                 );
             }
-            let overlaps = worker::merge::overlaps(store, &task)?;
+            let overlaps = worker::overlaps(store, &task)?;
             print_json(&mcp::server::result_json(&task, max_diff_bytes, overlaps))?;
         }
         Command::Diff { id, color } => {
@@ -116,7 +116,7 @@ pub fn run(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode> {
             let task = store.get(TaskId(id))?;
             if json {
                 let mut v = serde_json::to_value(&task)?;
-                v["overlaps"] = serde_json::to_value(worker::merge::overlaps(store, &task)?)?;
+                v["overlaps"] = serde_json::to_value(worker::overlaps(store, &task)?)?;
                 print_json(&v)?;
             } else {
                 print_task(&task);
@@ -190,7 +190,7 @@ pub fn run(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode> {
                 .map(|s| s.trim().parse::<TaskStatus>())
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(anyhow::Error::msg)?;
-            let cleared = worker::clear::clear_finished(store, &ctx.home, secs, &statuses, &[])?;
+            let cleared = worker::clear_finished(store, &ctx.home, secs, &statuses, &[])?;
             outln!("cleared {} task(s)", cleared.len());
         }
         Command::Status { json } => {

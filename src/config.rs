@@ -7,8 +7,8 @@ use anyhow::{Context, bail};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+use worker::NotifyConfig;
 use worker::WorkerConfig;
-use worker::notify::NotifyConfig;
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]

@@ -198,7 +198,7 @@ fn probe(ctx: &Ctx, model: &str) -> Check {
             );
         }
     };
-    let mut run = worker::events::RunLog::default();
+    let mut run = worker::RunLog::default();
     for line in String::from_utf8_lossy(&out.stdout).lines() {
         run.ingest(line);
     }

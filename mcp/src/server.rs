@@ -216,8 +216,7 @@ impl TaskBridge {
         let mut requeued = Vec::new();
         for w in workers.iter().filter(|w| {
             !w.stopped
-                && (w.stale
-                    || (w.host == worker::runner::hostname() && !worker::process::pid_alive(w.pid)))
+                && (w.stale || (w.host == worker::hostname() && !worker::process::pid_alive(w.pid)))
         }) {
             let id = w.id.clone();
             let ids = self.blocking(move |s| Ok(s.release_worker_tasks(&id)?)).await?;
@@ -289,11 +288,7 @@ pub(crate) fn refuse(message: impl Into<String>) -> ToolResult {
 }
 
 /// The shape `get_task_result` returns.
-pub fn result_json(
-    task: &Task,
-    max_diff_bytes: usize,
-    overlaps: Vec<worker::merge::Overlap>,
-) -> Value {
+pub fn result_json(task: &Task, max_diff_bytes: usize, overlaps: Vec<worker::Overlap>) -> Value {
     let r = TaskResult::of(task).unwrap_or_default();
     let mut diff = r.diff.clone();
     let truncated = diff.len() > max_diff_bytes;

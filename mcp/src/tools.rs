@@ -498,7 +498,7 @@ impl TaskBridge {
         let max = args.max_diff_bytes.unwrap_or(65_536);
         let read = self.read_now(|s| {
             let task = self.visible_task(TaskId(args.task_id))?;
-            let overlaps = worker::merge::overlaps(s, &task)?;
+            let overlaps = worker::overlaps(s, &task)?;
             Ok((task, overlaps))
         });
         match read {
@@ -678,12 +678,7 @@ impl TaskBridge {
         }
         let r = self
             .blocking(move |s| {
-                worker::merge::merge_task(
-                    s,
-                    TaskId(args.task_id),
-                    args.into.as_deref(),
-                    args.squash,
-                )
+                worker::merge_task(s, TaskId(args.task_id), args.into.as_deref(), args.squash)
             })
             .await;
         match r {
@@ -850,7 +845,7 @@ impl TaskBridge {
         let home = self.home().clone();
         let under = self.roots_as_text();
         match self
-            .blocking(move |s| worker::clear::clear_finished(s, &home, older, &statuses, &under))
+            .blocking(move |s| worker::clear_finished(s, &home, older, &statuses, &under))
             .await
         {
             Ok(cleared) => ok(json!({

@@ -231,7 +231,7 @@ async fn http_client(
 ) -> rmcp::service::RunningService<rmcp::service::RoleClient, ()> {
     use rmcp::ServiceExt;
     use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-    worker::notify::install_tls();
+    worker::install_tls();
     let mut cfg =
         StreamableHttpClientTransportConfig::with_uri(format!("http://127.0.0.1:{port}/mcp"));
     if let Some(t) = token {

@@ -218,7 +218,7 @@ impl Effects {
             Effect::LoadDetail(id) => {
                 tokio::task::spawn_blocking(move || {
                     if let Ok(t) = store.get(TaskId(id)) {
-                        let overlaps = worker::merge::overlaps(&store, &t)
+                        let overlaps = worker::overlaps(&store, &t)
                             .unwrap_or_default()
                             .iter()
                             .map(|o| {
@@ -387,7 +387,7 @@ fn apply(
             .answer(TaskId(id), &text, "tui")
             .map(|_| format!("task {id} answered; it resumes its session"))
             .map_err(e),
-        Op::Merge(id) => worker::merge::merge_task(store, TaskId(id), None, false)
+        Op::Merge(id) => worker::merge_task(store, TaskId(id), None, false)
             .map(|r| {
                 format!(
                     "task {id}: merged into {} ({}, {})",

@@ -1,42 +1,64 @@
 //! `taskbridge-worker`: turns queued tasks into commits.
 //!
-//! It owns the claim loop and process supervision ([`runner`], [`process`]), the agents: OpenCode's
-//! warm server ([`serve`]) or `opencode run`, with their decisions ([`decisions`]); git
-//! (worktrees, stacking, commits, diffs and merges: [`git`], [`merge`]; the remote that lets
-//! workers on several hosts share a repository, and their mirrors of it: [`remote`]); reading
-//! OpenCode's event stream ([`events`]), the checks of `[verify]` ([`verify`]), the structured result ([`result`]),
-//! task log files ([`logs`]), notifications ([`notify`]), the user service that runs a worker
-//! without a terminal ([`service`]) and the `submit` and `followup` operations that resolve a
-//! repository before it reaches the queue ([`submit`]).
+//! Where each responsibility lives:
+//! - the claim loop (`claim_loop.rs`: claiming, leases and heartbeats, mirrors of remote
+//!   repositories, recording outcomes) and its housekeeping (`housekeeping.rs`: reaping, dead
+//!   workers on this host, parked requests nobody will answer, spare worktrees);
+//! - one task's run as a pipeline of stages (`run/`: prepare the worktree, the prompt, the
+//!   agent's turns with their checks and budgets, each turn's assessment, finish);
+//! - configuration (`config.rs`: the worker's, a repository's `.taskbridge.toml`, the host's
+//!   name; `opencode_config.rs`: what TaskBridge gives the OpenCode it runs);
+//! - the agents behind one interface ([`agent`]): OpenCode's warm server (`serve.rs`) or
+//!   `opencode run`, Claude Code (`claude.rs`) and Codex (`codex.rs`), their event streams
+//!   (`events.rs`), decisions (`decisions.rs`), failures explained (`diagnose.rs`), the models
+//!   they offer ([`models`]) and process supervision ([`process`]);
+//! - git ([`git`]: worktrees, stacking, commits, diffs; `merge.rs`; `remote.rs`: the remote that
+//!   lets workers on several hosts share a repository, and their mirrors of it);
+//! - the checks of `[verify]` (`verify.rs`), the structured result (`result.rs`), task log files
+//!   ([`logs`]), notifications (`notify.rs`), the user service that runs a worker without a
+//!   terminal ([`service`]), `clear_finished` (`clear.rs`), and the `submit` and `followup`
+//!   operations that resolve a repository before it reaches the queue (`submit.rs`).
+//!
+//! The front ends use what is re-exported here and the six public modules; the rest is private.
 //!
 //! It depends on `taskbridge-queue` and must not depend on the UI or MCP crates: those sit on top
 //! of it and meet it only through the queue database.
 
 pub mod agent;
-pub mod claude;
-pub mod clear;
-pub mod codex;
-pub mod decisions;
-pub mod diagnose;
-pub mod error;
-pub mod events;
+mod claim_loop;
+mod claude;
+mod clear;
+mod codex;
+mod config;
+mod decisions;
+mod diagnose;
+mod error;
+mod events;
 pub mod git;
+mod housekeeping;
 pub mod logs;
-pub mod merge;
+mod merge;
 pub mod models;
-pub mod notify;
+mod notify;
+mod opencode_config;
 pub mod process;
-pub mod remote;
-pub mod result;
-pub mod runner;
-pub mod serve;
+mod remote;
+mod result;
+mod run;
+mod serve;
 pub mod service;
-pub mod submit;
-pub mod verify;
+mod submit;
+mod verify;
 
+pub use claim_loop::{RunningWorker, Worker};
+pub use clear::clear_finished;
+pub use config::{OpenCodeMode, RepoConfig, WorkerConfig, hostname};
 pub use error::{Error, Result};
+pub use events::RunLog;
+pub use merge::{Overlap, merge_task, overlaps};
+pub use notify::{NotifyConfig, install_tls};
+pub use opencode_config::BRIDGE_MCP_NAME;
 pub use result::TaskResult;
-pub use runner::{OpenCodeMode, RunningWorker, Worker, WorkerConfig};
 pub use submit::{SubmitRequest, Submitted, followup, submit, submit_batch};
 
 /// A task as the queue would hand it over, for the unit tests' decisions.

@@ -43,7 +43,7 @@ impl SubmitRequest {
         let resolved = git::resolve_repo(&repo, self.base_ref.as_deref())?;
         let mut spec = self.spec;
         // The repository's own `ask` rules join the task's.
-        let repo_cfg = crate::runner::RepoConfig::at(&resolved.toplevel, &resolved.base)
+        let repo_cfg = crate::config::RepoConfig::at(&resolved.toplevel, &resolved.base)
             .map_err(crate::Error::Config)?;
         for rule in repo_cfg.permissions.ask {
             if !spec.ask.contains(&rule) {
@@ -124,7 +124,7 @@ pub fn submit_batch(
                     "{} has no remote (no origin and no --remote), so only a worker on this \
                      host ({}) can run the task",
                     spec.repo,
-                    crate::runner::hostname()
+                    crate::config::hostname()
                 )),
             }
         }

@@ -1,5 +1,5 @@
 //! `[verify]` in `.taskbridge.toml`: checks TaskBridge runs itself in the worktree after the
-//! agent says it is done; a failure goes back to the agent (the runner's loop) or fails the task.
+//! agent says it is done; a failure goes back to the agent (the run's turns, `run/turns.rs`) or fails the task.
 
 use crate::logs::TaskLog;
 use crate::{process, result};

@@ -32,10 +32,10 @@ claude_ask waits for the answer (keep it under about 50 s); for longer questions
 claude_submit, then claude_poll until the job is done and claude_result for the answer. \
 claude_status says which backend is in use and why none is, if so.";
 
-/// Installs rustls's crypto provider (see [`worker::notify::install_tls`]); every process that
+/// Installs rustls's crypto provider (see [`worker::install_tls`]); every process that
 /// builds a reqwest client, rmcp's HTTP client included, calls this first.
 pub fn install_tls() {
-    worker::notify::install_tls();
+    worker::install_tls();
 }
 
 struct Inner {
@@ -53,11 +53,7 @@ pub struct ClaudeBridge {
 
 fn this_process() -> JobOwner {
     let pid = std::process::id() as i64;
-    JobOwner {
-        host: worker::runner::hostname(),
-        pid,
-        started: worker::process::process_start_time(pid),
-    }
+    JobOwner { host: worker::hostname(), pid, started: worker::process::process_start_time(pid) }
 }
 
 /// A job's owner is alive if a process with its pid runs and started when the owner did.

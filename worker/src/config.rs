@@ -1,0 +1,160 @@
+//! What a worker is configured with: the agents' programs and modes, concurrency, leases,
+//! retries and notifications ([`WorkerConfig`], filled in by the binary), a repository's own
+//! `.taskbridge.toml` ([`RepoConfig`], read from the commit a task starts from) and the name this
+//! host goes by in the queue.
+
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::notify::NotifyConfig;
+
+/// How the worker drives OpenCode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OpenCodeMode {
+    /// A new `opencode run` process for every prompt: the fallback (no native questions or
+    /// approvals, no budgets).
+    Run,
+    /// One warm `opencode serve` per worker; a prompt is a request.
+    #[default]
+    Serve,
+}
+
+impl std::str::FromStr for OpenCodeMode {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "run" => Ok(OpenCodeMode::Run),
+            "serve" => Ok(OpenCodeMode::Serve),
+            other => Err(format!("'{other}' is not an OpenCode mode; use serve or run")),
+        }
+    }
+}
+
+impl OpenCodeMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OpenCodeMode::Run => "run",
+            OpenCodeMode::Serve => "serve",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    pub concurrency: usize,
+    pub lease: Duration,
+    /// The OpenCode executable (`opencode`, found on PATH, unless configured).
+    pub opencode: PathBuf,
+    pub opencode_mode: OpenCodeMode,
+    /// The Claude Code and Codex executables (`claude`, `codex` on PATH unless configured).
+    pub claude: PathBuf,
+    pub codex: PathBuf,
+    /// Used when neither the task nor the database names a model.
+    pub default_model: Option<String>,
+    /// Exit once nothing is running and nothing is runnable.
+    pub once: bool,
+    /// Base of the full-jitter exponential backoff between attempts.
+    pub retry_base: Duration,
+    pub retry_cap: Duration,
+    /// The command that starts the reverse bridge (`taskbridge claude-mcp`); when set, every
+    /// run gets it as an MCP server, so the agent can ask Claude.
+    pub claude_bridge: Option<Vec<String>>,
+    /// The user's own per-run OpenCode config (`OPENCODE_CONFIG_CONTENT` at start-up); the
+    /// bridge is merged into it, since OpenCode reads only one such variable.
+    pub opencode_config_content: Option<String>,
+    pub notify: NotifyConfig,
+    /// Fault injection for the chaos tests (`TASKBRIDGE_FAULT_WORKTREE_PAUSE_MS`): a pause in
+    /// the middle of making a worktree, so a kill can land there.
+    pub fault_worktree_pause: Option<Duration>,
+    /// Run every task that has a remote from this worker's mirror of it (and push its branch
+    /// back), even when the repository is on this host (`--use-remote`).
+    pub use_remote: bool,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        WorkerConfig {
+            concurrency: 2,
+            lease: Duration::from_secs(30),
+            opencode: PathBuf::from("opencode"),
+            opencode_mode: OpenCodeMode::Serve,
+            claude: PathBuf::from("claude"),
+            codex: PathBuf::from("codex"),
+            default_model: None,
+            once: false,
+            retry_base: Duration::from_secs(10),
+            retry_cap: Duration::from_secs(600),
+            claude_bridge: None,
+            opencode_config_content: None,
+            notify: NotifyConfig::default(),
+            fault_worktree_pause: None,
+            use_remote: false,
+        }
+    }
+}
+
+/// Per-repository set-up, from `.taskbridge.toml` at the repository's top level.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RepoConfig {
+    #[serde(default)]
+    pub setup: SetupConfig,
+    #[serde(default)]
+    pub permissions: PermissionsConfig,
+    #[serde(default)]
+    pub verify: crate::verify::VerifyConfig,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PermissionsConfig {
+    /// `PERMISSION[:PATTERN]` rules every task of the repository asks about (joined with the
+    /// task's own `ask`).
+    #[serde(default)]
+    pub ask: Vec<String>,
+}
+
+impl RepoConfig {
+    /// The `.taskbridge.toml` committed in `commit` of the repository (an empty config when
+    /// that commit has none), or what is wrong with it. Never the working tree's: its setup and
+    /// verify commands run, so they come only from what was committed, not from an untracked
+    /// file or one an agent wrote.
+    pub fn at(repo: &Path, commit: &str) -> std::result::Result<RepoConfig, String> {
+        let name = format!(
+            ".taskbridge.toml in {repo}@{short}",
+            repo = repo.display(),
+            short = &commit[..commit.len().min(12)]
+        );
+        let text = match crate::git::file_at(repo, commit, ".taskbridge.toml") {
+            Ok(Some(text)) => text,
+            Ok(None) => return Ok(RepoConfig::default()),
+            Err(e) => return Err(format!("reading {name}: {e}")),
+        };
+        toml::from_str(&text).map_err(|e| format!("{name} is not valid: {e}"))
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SetupConfig {
+    /// Shell commands run in a new worktree before the agent starts, with `TASKBRIDGE_REPO` set
+    /// to the main checkout (e.g. `cp "$TASKBRIDGE_REPO/.env" .`, `npm ci`).
+    #[serde(default)]
+    pub commands: Vec<String>,
+}
+
+/// The name this host goes by in the queue: `TASKBRIDGE_HOST` when set (a container whose
+/// hostname changes at every start, say), else the system's hostname. Workers, reapers and
+/// the reverse bridge use it to tell their own host's processes from other hosts'.
+pub fn hostname() -> String {
+    if let Ok(h) = std::env::var("TASKBRIDGE_HOST")
+        && !h.trim().is_empty()
+    {
+        return h.trim().to_owned();
+    }
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "localhost".into())
+}

@@ -1,0 +1,120 @@
+//! The configuration TaskBridge gives the OpenCode it runs: the per-run config content (the
+//! reverse bridge as an MCP server, the environment plugin, joined with the user's own) and the
+//! permission rules for a task's flags.
+
+use queue::Task;
+use std::path::Path;
+
+/// The name OpenCode knows the bridge by; its tools appear to the model as `taskbridge_claude_ask`
+/// and so on.
+pub const BRIDGE_MCP_NAME: &str = "taskbridge";
+
+/// `OPENCODE_CONFIG_CONTENT` with the bridge added to its `mcp` block. The inherited content (the
+/// user's own per-run config) is kept: OpenCode reads only one such variable.
+pub fn with_bridge(inherited: Option<&str>, command: &[String]) -> String {
+    let mut doc = config_doc(inherited);
+    // OpenCode applies `timeout` to every call of the server's tools, and a question to Claude
+    // can take minutes.
+    let entry = serde_json::json!({
+        "type": "local",
+        "command": command,
+        "enabled": true,
+        "timeout": 300_000,
+    });
+    if !doc["mcp"].is_object() {
+        doc["mcp"] = serde_json::json!({});
+    }
+    doc["mcp"][BRIDGE_MCP_NAME] = entry;
+    doc.to_string()
+}
+
+/// The inherited `OPENCODE_CONFIG_CONTENT` as a JSON object to add to (an empty one when there
+/// is none, or it is not an object).
+fn config_doc(inherited: Option<&str>) -> serde_json::Value {
+    inherited
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(t).ok())
+        .filter(serde_json::Value::is_object)
+        .unwrap_or_else(|| serde_json::json!({}))
+}
+
+/// `OPENCODE_CONFIG_CONTENT` with the plugin file at `plugin` added to its `plugin` list.
+pub fn with_plugin(inherited: Option<&str>, plugin: &Path) -> String {
+    let mut doc = config_doc(inherited);
+    let spec = serde_json::Value::from(format!("file://{}", plugin.display()));
+    match doc["plugin"].as_array_mut() {
+        Some(list) if !list.contains(&spec) => list.push(spec),
+        Some(_) => {}
+        None => doc["plugin"] = serde_json::json!([spec]),
+    }
+    doc.to_string()
+}
+
+/// OpenCode's permission rules for the task's flags. Nothing may resolve to "ask": headless
+/// `opencode run` auto-rejects an "ask" and ends the agent's turn (exit 0), so a rule that asks
+/// would silently stop the task.
+pub fn permission_json(task: &Task) -> String {
+    let mut p = serde_json::Map::new();
+    p.insert("external_directory".into(), "deny".into());
+    // `ask` rules cannot ask here: what they would ask about is denied instead.
+    for rule in &task.ask_rules {
+        let Ok((perm, pattern)) = queue::parse_ask_rule(rule) else { continue };
+        if pattern == "*" {
+            p.insert(perm, "deny".into());
+            continue;
+        }
+        let entry = p.entry(perm).or_insert_with(|| serde_json::json!({"*": "allow"}));
+        if let Some(map) = entry.as_object_mut() {
+            map.insert(pattern, "deny".into());
+        }
+    }
+    if task.readonly {
+        p.insert("edit".into(), "deny".into());
+    }
+    if task.no_shell {
+        p.insert("bash".into(), "deny".into());
+    }
+    if task.no_network {
+        p.insert("webfetch".into(), "deny".into());
+        p.insert("websearch".into(), "deny".into());
+    }
+    serde_json::Value::Object(p).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{Value, json};
+
+    #[test]
+    fn the_bridge_joins_the_users_own_run_config_without_replacing_it() {
+        let cmd = vec!["/bin/taskbridge".to_owned(), "claude-mcp".to_owned()];
+        let inherited = r#"{"provider": {"anthropic": {"options": {"baseURL": "http://x/v1"}}},
+                            "mcp": {"mine": {"type": "local", "command": ["m"]}}}"#;
+        let v: Value = serde_json::from_str(&with_bridge(Some(inherited), &cmd)).unwrap();
+        assert_eq!(v["provider"]["anthropic"]["options"]["baseURL"], "http://x/v1");
+        assert_eq!(v["mcp"]["mine"]["command"], json!(["m"]));
+        assert_eq!(v["mcp"]["taskbridge"]["command"], json!(cmd));
+        assert_eq!(v["mcp"]["taskbridge"]["type"], "local");
+
+        // Nothing usable inherited: the bridge alone.
+        for inherited in [None, Some("not json"), Some("[1]")] {
+            let v: Value = serde_json::from_str(&with_bridge(inherited, &cmd)).unwrap();
+            assert_eq!(v["mcp"].as_object().unwrap().len(), 1, "{v}");
+        }
+    }
+
+    #[test]
+    fn the_environment_plugin_joins_the_users_plugins_once() {
+        let plugin = Path::new("/h/opencode-plugin/taskbridge-env.js");
+        let ours = json!("file:///h/opencode-plugin/taskbridge-env.js");
+        let v: Value =
+            serde_json::from_str(&with_plugin(Some(r#"{"plugin": ["mine"], "x": 1}"#), plugin))
+                .unwrap();
+        assert_eq!((v["plugin"].clone(), v["x"].clone()), (json!(["mine", ours]), json!(1)));
+        let again: Value =
+            serde_json::from_str(&with_plugin(Some(&v.to_string()), plugin)).unwrap();
+        assert_eq!(again["plugin"], json!(["mine", ours]), "added once");
+        let alone: Value = serde_json::from_str(&with_plugin(None, plugin)).unwrap();
+        assert_eq!(alone, json!({"plugin": [ours]}));
+    }
+}

@@ -1,0 +1,146 @@
+//! One run of a claimed task, as a pipeline of stages that each hand the next one value:
+//!
+//! 1. [`worktree`]: prepare. The task's dependencies' work put together, the directory it runs
+//!    in made ready on its branch, the repository's set-up commands run: a [`Run`].
+//! 2. [`prompt`]: what the agent is told (a new task, an answer, a follow-up, an interrupted run
+//!    going on, planner notes): a [`prompt::Conversation`].
+//! 3. [`turns`]: the agent's turns, on whichever agent the task names (OpenCode's warm server,
+//!    `opencode run`, Claude Code, Codex), with the repository's checks and their fix rounds and
+//!    the budgets checked after every step.
+//! 4. [`outcome`]: each turn's exit assessed, purely: failed and why, waiting on a decision,
+//!    stopped, or finished.
+//! 5. [`worktree`] again: finish. The work committed, a read-only task's edits reverted, files
+//!    and diff read from git, the directory removed or kept as a spare.
+//!
+//! A stage that ends the run early returns [`End`]; the claim loop ([`crate::claim_loop`])
+//! records whatever outcome the run came to.
+
+mod outcome;
+mod prompt;
+mod turns;
+mod worktree;
+
+use crate::agent::AgentSpec;
+use crate::claim_loop::Worker;
+use crate::error::{Error, Result};
+use crate::events::Usage;
+use crate::logs::TaskLog;
+use crate::process::StopReason;
+use crate::result::TaskResult;
+use queue::{Outcome, Task};
+use std::path::PathBuf;
+use tokio::sync::watch;
+
+pub(crate) use prompt::DepInfo;
+
+/// What the stages share about the run once its worktree is ready.
+pub(crate) struct Run<'a> {
+    pub task: &'a Task,
+    /// The claim's fencing token: every write of this run carries it.
+    pub token: i64,
+    pub spec: AgentSpec,
+    /// The worktree, its branch, and the commit it started from.
+    pub dir: PathBuf,
+    pub branch: String,
+    pub start: String,
+    /// What the task's dependencies did (for its prompt; empty after its first run).
+    pub deps: Vec<DepInfo>,
+    /// Its first run: not a retry, nor an answer's resumption.
+    pub first_run: bool,
+    /// The directory a follow-up's parent ran in, when this run could go on there.
+    pub parent_dir: Option<PathBuf>,
+    /// The model named to the agent (the task's, else for OpenCode the queue's default).
+    pub model: Option<String>,
+    /// Whether OpenCode's warm server runs this task (every other agent runs a process a turn).
+    pub serving: bool,
+    /// Whether this worker has a warm server at all.
+    pub warm_server: bool,
+    pub deadline: tokio::time::Instant,
+}
+
+/// How a run ends before its last stage.
+pub(crate) enum End {
+    /// With this outcome.
+    Outcome(Outcome),
+    /// The lease was lost: another worker owns the task, and nothing may be written.
+    LostLease,
+    /// An error of the worker itself (the claim loop records it as a failed attempt).
+    Error(Error),
+}
+
+impl From<Error> for End {
+    fn from(e: Error) -> End {
+        match e {
+            Error::Queue(queue::Error::StaleLease { .. }) => End::LostLease,
+            e => End::Error(e),
+        }
+    }
+}
+
+impl From<Outcome> for End {
+    fn from(o: Outcome) -> End {
+        End::Outcome(o)
+    }
+}
+
+/// A stage's value, or the run's end.
+pub(crate) type Stage<T> = std::result::Result<T, End>;
+
+impl Worker {
+    /// Runs the task's stages; `None` when the lease was lost (nothing may be written).
+    pub(crate) async fn run_once(
+        &self,
+        task: &Task,
+        token: i64,
+        resume: Option<queue::Resume>,
+        new_notes: Vec<String>,
+        log: &mut TaskLog,
+        stop: watch::Receiver<Option<StopReason>>,
+    ) -> Result<Option<Outcome>> {
+        let stages = async {
+            let run = self.prepare(task, token, log).await?;
+            let mut talk = prompt::Conversation::new(&run, resume, &new_notes, &self.cfg);
+            let res = self.turns(&run, &mut talk, &new_notes, log, stop).await?;
+            self.finish(&run, res, log).await
+        };
+        match stages.await {
+            Ok(outcome) | Err(End::Outcome(outcome)) => Ok(Some(outcome)),
+            Err(End::LostLease) => Ok(None),
+            Err(End::Error(e)) => Err(e),
+        }
+    }
+}
+
+/// What the task's earlier runs (before an answer, before a retry) spent.
+fn previous_usage(task: &Task) -> Usage {
+    TaskResult::of(task).map(|r| r.usage).unwrap_or_default()
+}
+
+fn to_json(res: &TaskResult) -> serde_json::Value {
+    res.to_json()
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::agent::AgentKind;
+
+    /// A run of `task` on `kind`, its worktree ready, as the stages after the first see it.
+    pub(crate) fn run_of(task: &Task, kind: AgentKind) -> Run<'_> {
+        Run {
+            task,
+            token: 7,
+            spec: AgentSpec { kind, opencode_agent: None },
+            dir: PathBuf::from("/w/task-1"),
+            branch: "taskbridge/task-1".into(),
+            start: "s".repeat(40),
+            deps: vec![],
+            first_run: true,
+            parent_dir: None,
+            model: Some("anthropic/claude-x".into()),
+            serving: kind == AgentKind::OpenCode,
+            warm_server: true,
+            deadline: tokio::time::Instant::now(),
+        }
+    }
+}

@@ -1,0 +1,463 @@
+//! The agent's turns. Each turn runs on the agent the task names: OpenCode's warm server (a
+//! prompt, or the reply to the request it is blocked on), `opencode run` (a process per turn), or
+//! Claude Code or Codex (a process per turn, its tool calls decided against the task's rules as
+//! they come). The spend is recorded after every step and checked against the task's budgets;
+//! after a turn the agent says it is done, the repository's `[verify]` checks run, and a failure
+//! goes back to the agent in the same session, up to `rounds` times.
+
+use super::outcome;
+use super::prompt::{Conversation, exit_status, notes_section};
+use super::{Run, Stage, previous_usage, to_json};
+use crate::agent::AgentKind;
+use crate::claim_loop::Worker;
+use crate::config::RepoConfig;
+use crate::events::{RunLog, Usage};
+use crate::logs::TaskLog;
+use crate::process::{self, AgentCommand, AgentExit, StopReason};
+use crate::result::{Check, TaskResult};
+use crate::serve::{Control, Delivery, Progress, ServeAgent};
+use queue::{Outcome, RunFacts, Store, TaskId};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+
+type Stop = watch::Receiver<Option<StopReason>>;
+
+impl Worker {
+    /// The turns until the agent is done and the checks pass: the result to finish with.
+    pub(super) async fn turns(
+        &self,
+        run: &Run<'_>,
+        talk: &mut Conversation,
+        new_notes: &[String],
+        log: &mut TaskLog,
+        stop: Stop,
+    ) -> Stage<TaskResult> {
+        let (task, id) = (run.task, run.task.id);
+        let verify =
+            RepoConfig::at(Path::new(&task.repo), &run.start).map(|c| c.verify).unwrap_or_default();
+        let mut verification: Vec<Check> = Vec::new();
+        let mut round = 0u32;
+        loop {
+            let exit = self.turn(run, talk, new_notes, log, stop.clone()).await?;
+            let mut res = outcome::result_of(&exit, run, &talk.carried);
+            if let Some(session) = &exit.run.session_id {
+                let facts = RunFacts { session_id: Some(session.clone()), ..Default::default() };
+                let token = run.token;
+                let _ = self.blocking(move |s| s.record_run(id, token, facts)).await;
+            }
+            res.permission_requests = self.permission_requests(id).await;
+            let verdict = outcome::assess(&exit, run, talk.rejected.as_deref());
+            let mut res = self.settle(run, verdict, res).await?;
+            if verify.commands.is_empty() {
+                return Ok(res);
+            }
+            round += 1;
+            let (checks, failed) = crate::verify::run_checks(&run.dir, &verify, round, log).await;
+            verification.extend(checks);
+            res.verification = verification.clone();
+            let Some(f) = failed else {
+                res.verified = Some(true);
+                return Ok(res);
+            };
+            if round > verify.rounds {
+                res.verified = Some(false);
+                self.fill_diff(task, &run.dir, &mut res, false).await;
+                let error = verification_failed(&f, verify.rounds);
+                return Err(
+                    Outcome::FailedPermanently { error, result: Some(to_json(&res)) }.into()
+                );
+            }
+            log.line(&format!(
+                "verification failed: sending `{}`'s output back to the agent (fix round {round} \
+                 of {})",
+                f.command, verify.rounds
+            ));
+            talk.fix_round(run, &f, res.session_id.clone());
+            talk.carried.add(&exit.run.usage);
+        }
+    }
+
+    /// One turn, on the agent the task names.
+    async fn turn(
+        &self,
+        run: &Run<'_>,
+        talk: &Conversation,
+        new_notes: &[String],
+        log: &mut TaskLog,
+        stop: Stop,
+    ) -> Stage<AgentExit> {
+        match (&self.server, run.spec.kind) {
+            (Some(server), AgentKind::OpenCode) => {
+                self.turn_serve(server, run, talk, new_notes, log, stop).await
+            }
+            (None, AgentKind::OpenCode) => self.turn_opencode_run(run, talk, log, stop).await,
+            (_, kind) => self.turn_cli(kind, run, talk, log, stop).await,
+        }
+    }
+
+    /// A turn on OpenCode's warm server: the reply to the request the agent is blocked on when
+    /// the server still holds it, else a prompt in the session.
+    async fn turn_serve(
+        &self,
+        server: &ServeAgent,
+        run: &Run<'_>,
+        talk: &Conversation,
+        new_notes: &[String],
+        log: &mut TaskLog,
+        stop: Stop,
+    ) -> Stage<AgentExit> {
+        let task = run.task;
+        let mut grants = crate::decisions::always_grants(task);
+        let delivery = self.delivery(server, run, talk, new_notes).await;
+        if let (Some(what), Delivery::Prompt(_)) = (&talk.rejected, &delivery) {
+            let error = format!("stopped: the answer rejected {what}");
+            return Err(Outcome::FailedPermanently { error, result: None }.into());
+        }
+        if let (Delivery::Prompt(_), Some(approved)) = (&delivery, talk.approved()) {
+            // The blocked request is gone: an approval must still hold when the agent asks again
+            // for the same thing.
+            grants.once.push(approved);
+        }
+        let session = talk.session(task);
+        let turn = crate::serve::Turn {
+            task,
+            dir: &run.dir,
+            delivery,
+            model: run.model.clone(),
+            session: session.clone(),
+            without_session: talk.without_session.clone(),
+            grants,
+        };
+        let mut on_step = progress(self.store.clone(), run, session);
+        match server.run(turn, log, stop, run.deadline, &mut on_step).await {
+            Ok(exit) => Ok(exit),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let error = self.opencode_not_found();
+                Err(Outcome::FailedPermanently { error, result: None }.into())
+            }
+            Err(e) => Err(Outcome::Failed {
+                error: format!("the OpenCode server failed: {e}"),
+                result: None,
+                backoff_s: self.backoff(task.attempts),
+            }
+            .into()),
+        }
+    }
+
+    /// What the warm server is given: the answer as the reply to the request the agent is
+    /// parked on, when the server still holds it; else the conversation's prompt.
+    async fn delivery(
+        &self,
+        server: &ServeAgent,
+        run: &Run<'_>,
+        talk: &Conversation,
+        new_notes: &[String],
+    ) -> Delivery {
+        let (id, token) = (run.task.id, run.token);
+        let prompt = Delivery::Prompt(talk.prompt.clone());
+        let Some((r, ask)) = talk.resume.as_ref().and_then(|r| Some((r, r.ask.as_ref()?))) else {
+            return prompt;
+        };
+        let Some(request) = ask.request_id.as_deref() else { return prompt };
+        if !server.take_parked(id, request).await {
+            return prompt;
+        }
+        // A tool call's reply carries notes only for a question; a permission's would lose
+        // them, so they wait for the next prompt.
+        if ask.kind != queue::AskKind::Question && !new_notes.is_empty() {
+            let notes = new_notes.to_vec();
+            let undone = self.blocking(move |s| s.undeliver_notes(id, token, &notes)).await;
+            if let Err(e) = undone {
+                tracing::warn!(task = %id, error = %e, "keeping notes for later failed");
+            }
+        }
+        crate::decisions::native_reply(ask, &r.answer, new_notes)
+    }
+
+    /// A turn of `opencode run`: a process in the worktree. Several first runs under a fresh
+    /// OpenCode home race on its database migration (one of them exits with "Failed query"
+    /// before any event); such a run did no work and is simply run again.
+    async fn turn_opencode_run(
+        &self,
+        run: &Run<'_>,
+        talk: &Conversation,
+        log: &mut TaskLog,
+        stop: Stop,
+    ) -> Stage<AgentExit> {
+        let (id, token) = (run.task.id, run.token);
+        let program = self.cfg.opencode.clone();
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let cmd = AgentCommand {
+                program: program.clone(),
+                args: talk.args.clone(),
+                env: talk.env.clone(),
+                cwd: run.dir.clone(),
+                stdin: talk.prompt.clone(),
+            };
+            log.line(&format!("$ {} {}", program.display(), shell_words(&talk.args)));
+            let mut never = |_: &queue::Ask, _: &serde_json::Value| process::Decision::Wait;
+            let mut on_step = spend_recorder(self.store.clone(), id, token, self.spent(run, talk));
+            let exit = process::run_agent(
+                cmd,
+                &mut process::OpenCodeRun,
+                &mut never,
+                log,
+                stop.clone(),
+                run.deadline,
+                pid_recorder(self.store.clone(), id, token),
+                &mut on_step,
+            )
+            .await;
+            let exit = exit.map_err(|e| {
+                let error = match e.kind() {
+                    std::io::ErrorKind::NotFound => self.opencode_not_found(),
+                    _ => format!("could not start '{}': {e}", program.display()),
+                };
+                Outcome::FailedPermanently { error, result: None }
+            })?;
+            let migration_race = exit.stopped.is_none()
+                && exit.exit_code != Some(0)
+                && exit.run.events == 0
+                && exit.stderr_tail.contains("Failed query");
+            if !(migration_race && tries < 4) {
+                return Ok(exit);
+            }
+            log.line("OpenCode failed while setting up its database; running it again");
+            tokio::time::sleep(Duration::from_millis(300 * tries)).await;
+        }
+    }
+
+    /// A turn of Claude Code or Codex: a process in the worktree, its tool calls decided
+    /// against the task's rules as they come.
+    async fn turn_cli(
+        &self,
+        kind: AgentKind,
+        run: &Run<'_>,
+        talk: &Conversation,
+        log: &mut TaskLog,
+        stop: Stop,
+    ) -> Stage<AgentExit> {
+        let (task, dir, model) = (run.task, run.dir.as_path(), run.model.as_deref());
+        if let Some(what) = &talk.rejected {
+            let error = format!("stopped: the answer rejected {what}");
+            return Err(Outcome::FailedPermanently { error, result: None }.into());
+        }
+        let session = talk.session(task);
+        let mut grants = crate::decisions::always_grants(task);
+        // The agent asks again for what was approved; this time it is let through.
+        grants.once.extend(talk.approved());
+        let program = self.program(kind).to_path_buf();
+        if let Some(missing) = kind.missing(&program) {
+            return Err(Outcome::FailedPermanently { error: missing, result: None }.into());
+        }
+        let (args, stdin, mut dialect): (_, _, Box<dyn process::Dialect>) = match kind {
+            AgentKind::ClaudeCode => {
+                if let Some(s) = &session {
+                    crate::claude::carry_session(s, dir);
+                }
+                (
+                    crate::claude::args(task, model, session.as_deref()),
+                    crate::claude::prompt_line(&talk.prompt),
+                    Box::new(crate::claude::ClaudeStream::default()),
+                )
+            }
+            _ => (
+                crate::codex::args(task, model, session.as_deref()),
+                talk.prompt.clone(),
+                Box::new(crate::codex::CodexStream),
+            ),
+        };
+        log.line(&format!("$ {} {}", program.display(), shell_words(&args)));
+        let cmd = AgentCommand { program, args, env: vec![], cwd: dir.to_path_buf(), stdin };
+        let mut decide = |ask: &queue::Ask, input: &serde_json::Value| match &ask.permission {
+            Some(p) if ask.kind == queue::AskKind::Permission => {
+                let tool = crate::agent::ToolUse {
+                    permission: p.permission.clone(),
+                    pattern: p.patterns.first().cloned().unwrap_or_default(),
+                };
+                crate::agent::decide(task, dir, &mut grants, &tool, input)
+            }
+            // The agent's own question: the planner or a person answers it.
+            _ => process::Decision::Wait,
+        };
+        let (id, token) = (task.id, run.token);
+        let mut on_step = spend_recorder(self.store.clone(), id, token, self.spent(run, talk));
+        let exit = process::run_agent(
+            cmd,
+            dialect.as_mut(),
+            &mut decide,
+            log,
+            stop,
+            run.deadline,
+            pid_recorder(self.store.clone(), id, token),
+            &mut on_step,
+        )
+        .await;
+        exit.map_err(|e| {
+            let error = format!("could not start '{}': {e}", self.program(kind).display());
+            Outcome::FailedPermanently { error, result: None }.into()
+        })
+    }
+
+    /// What the task had spent before this turn: earlier runs, and this run's earlier turns.
+    fn spent(&self, run: &Run<'_>, talk: &Conversation) -> Usage {
+        let mut u = previous_usage(run.task);
+        u.add(&talk.carried);
+        u
+    }
+
+    fn opencode_not_found(&self) -> String {
+        format!(
+            "could not start '{}': not found. Install OpenCode with `npm install -g opencode-ai` \
+             or set TASKBRIDGE_OPENCODE to its path",
+            self.cfg.opencode.display()
+        )
+    }
+}
+
+/// Why the task failed when its checks still fail after the fix rounds.
+fn verification_failed(f: &Check, rounds: u32) -> String {
+    let fixes = match rounds {
+        0 => String::new(),
+        1 => " and its one round of fixes".to_owned(),
+        n => format!(" and its {n} rounds of fixes"),
+    };
+    let output = match f.output_tail.trim() {
+        "" => "it printed nothing".to_owned(),
+        tail => format!("its output ends:\n{tail}"),
+    };
+    format!(
+        "verification failed after the agent's work{fixes}: `{}` exited {}; {output}",
+        f.command,
+        exit_status(f.exit_code)
+    )
+}
+
+/// Records the agent's pid and start time on the task as soon as it is spawned, so that a
+/// worker that dies leaves an orphan the next one can find and kill.
+fn pid_recorder(store: Arc<Store>, id: TaskId, token: i64) -> impl FnOnce(i64, Option<String>) {
+    move |pid, started| {
+        let facts = RunFacts { agent_pid: Some(pid), agent_started: started, ..Default::default() };
+        if let Err(e) = store.record_run(id, token, facts) {
+            tracing::warn!(task = %id, error = %e, "recording the agent pid failed");
+        }
+    }
+}
+
+/// Records the spend so far on the task after each step of an agent process (`spent` before
+/// this turn, plus the turn's own), so a run cut short by Ctrl-C or kill -9 loses none of what
+/// the agent reported.
+fn spend_recorder(
+    store: Arc<Store>,
+    id: TaskId,
+    token: i64,
+    spent: Usage,
+) -> impl FnMut(&RunLog) + Send + 'static {
+    move |run| {
+        let mut usage = spent.clone();
+        usage.add(&run.usage);
+        let partial =
+            TaskResult { usage, session_id: run.session_id.clone(), ..Default::default() };
+        let facts = RunFacts { result: Some(to_json(&partial)), ..Default::default() };
+        if let Err(e) = store.record_run(id, token, facts) {
+            tracing::debug!(task = %id, error = %e, "recording the spend failed");
+        }
+    }
+}
+
+/// What the warm server's turn reports as it goes, answered: the session recorded at once (so
+/// an interrupted task resumes it), decisions made by a rule recorded, planner notes passed on
+/// between steps, and the spend recorded after every step and checked against the budgets.
+/// The spend and the budget are read and written in place: both are single-row statements,
+/// and the budget must be checked before the agent takes another step.
+fn progress(
+    store: Arc<Store>,
+    run: &Run<'_>,
+    mut session: Option<String>,
+) -> impl FnMut(Progress<'_>) -> Control + Send + 'static {
+    let (task, id, token) = (run.task, run.task.id, run.token);
+    let prev = previous_usage(task);
+    // Only a task given a budget (its own or its batch's) can get one later.
+    let budgeted = task.budget.is_set() || task.budget_group.is_some();
+    let earlier_budget =
+        task.questions.iter().filter_map(|q| q.ask.as_ref()?.budget.clone()).next();
+    move |p| {
+        let step = match p {
+            Progress::Session(s) => {
+                session = Some(s.to_owned());
+                let facts = RunFacts { session_id: Some(s.to_owned()), ..Default::default() };
+                if let Err(e) = store.record_run(id, token, facts) {
+                    tracing::debug!(task = %id, error = %e, "recording the session failed");
+                }
+                return Control::Go;
+            }
+            Progress::Approved(ask) => {
+                let (store, ask) = (store.clone(), ask.clone());
+                tokio::task::spawn_blocking(move || {
+                    let r = store.record_decision(id, token, &ask, "once", "rule");
+                    if let Err(e) = r {
+                        tracing::debug!(task = %id, error = %e, "recording a decision failed");
+                    }
+                });
+                return Control::Go;
+            }
+            Progress::Tick => return note_for_agent(&store, id, token),
+            Progress::Step(u) => u,
+        };
+        let mut usage = prev.clone();
+        usage.add(step);
+        let (cost, tokens) = (usage.cost_usd, (usage.input_tokens + usage.output_tokens) as i64);
+        let partial = TaskResult { usage, session_id: session.clone(), ..Default::default() };
+        let facts = RunFacts { result: Some(to_json(&partial)), ..Default::default() };
+        if let Err(e) = store.record_run(id, token, facts) {
+            tracing::debug!(task = %id, error = %e, "recording the spend failed");
+        }
+        if !budgeted {
+            return Control::Go;
+        }
+        match store.budget_of(id).map(|b| b.passed(cost, tokens)) {
+            Ok(Some(mut stop)) => {
+                // A budget raised by `continue X` keeps saying what it was first set to.
+                if let Some(first) = &earlier_budget
+                    && first.limit == stop.limit
+                    && first.scope == stop.scope
+                {
+                    stop.original = first.original;
+                }
+                Control::Stop(Box::new(queue::Ask::budget(stop)))
+            }
+            Ok(None) => Control::Go,
+            Err(e) => {
+                tracing::warn!(task = %id, error = %e, "reading the budget failed");
+                Control::Go
+            }
+        }
+    }
+}
+
+/// The planner's notes that arrived while the agent works, as something to tell it.
+fn note_for_agent(store: &Store, id: TaskId, token: i64) -> Control {
+    match store.take_notes(id, token) {
+        Ok(notes) if !notes.is_empty() => Control::Say(format!(
+            "A note from the planner while you work; take it into account from your next step \
+             on.{}",
+            notes_section(&notes)
+        )),
+        Ok(_) => Control::Go,
+        Err(e) => {
+            tracing::debug!(task = %id, error = %e, "reading new notes failed");
+            Control::Go
+        }
+    }
+}
+
+fn shell_words(args: &[String]) -> String {
+    args.iter()
+        .map(|a| if a.contains(' ') { format!("'{a}'") } else { a.clone() })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
