@@ -268,3 +268,37 @@ async fn notes_priority_cancel_retry_and_clear() {
     let tools = w.client.list_all_tools().await.unwrap();
     assert!(tools.iter().all(|t| t.name != "worker_heartbeat"));
 }
+
+/// `restart_worker` gives back the running tasks of a worker of this host whose process is
+/// gone, and leaves alone a live one, a stopped one, and one of another host (its pid means
+/// nothing here).
+#[tokio::test]
+async fn restart_worker_requeues_only_a_dead_local_workers_tasks() {
+    let w = world().await;
+    let mut exited = std::process::Command::new("true").spawn().unwrap();
+    exited.wait().unwrap();
+    let dead_pid = exited.id();
+    let here = worker::hostname();
+    let s = &w.store;
+    s.register_worker("dead", dead_pid, &here, 1, "opencode serve").unwrap();
+    s.register_worker("live", std::process::id(), &here, 1, "opencode serve").unwrap();
+    s.register_worker("elsewhere", dead_pid, "another-host", 1, "opencode serve").unwrap();
+    s.register_worker("stopped", dead_pid, &here, 1, "opencode serve").unwrap();
+    s.worker_stopped("stopped").unwrap();
+    let base = "0123456789abcdef0123456789abcdef01234567";
+    let mut ids = vec![];
+    for (title, by, host) in [("a", "dead", here.as_str()), ("b", "elsewhere", "another-host")] {
+        let (t, _) = s.submit(queue::TaskSpec::new(title, "/tmp/r", base)).unwrap();
+        let c = s.claim_next(by, host, Duration::from_secs(600)).unwrap().unwrap();
+        assert_eq!(c.task.id, t.id);
+        ids.push(t.id);
+    }
+    let r = w.call("restart_worker", json!({})).await;
+    assert_eq!(r["restarted"], json!(["dead"]), "{r}");
+    assert_eq!(r["requeued_tasks"], json!([ids[0].0]), "{r}");
+    // Its lease is over; the next sweep puts it back in the queue.
+    s.reap_expired().unwrap();
+    let a = s.get(ids[0]).unwrap();
+    assert_eq!(a.status, queue::TaskStatus::Queued, "{:?} {:?}", a.worker, a.display_status);
+    assert_eq!(s.get(ids[1]).unwrap().status, queue::TaskStatus::Running);
+}

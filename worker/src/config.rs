@@ -148,7 +148,12 @@ pub struct SetupConfig {
 /// hostname changes at every start, say), else the system's hostname. Workers, reapers and
 /// the reverse bridge use it to tell their own host's processes from other hosts'.
 pub fn hostname() -> String {
-    if let Ok(h) = std::env::var("TASKBRIDGE_HOST")
+    host_from(std::env::var("TASKBRIDGE_HOST").ok())
+}
+
+/// The host's name given what `TASKBRIDGE_HOST` holds.
+fn host_from(named: Option<String>) -> String {
+    if let Some(h) = named
         && !h.trim().is_empty()
     {
         return h.trim().to_owned();
@@ -157,4 +162,63 @@ pub fn hostname() -> String {
         .ok()
         .and_then(|h| h.into_string().ok())
         .unwrap_or_else(|| "localhost".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_opencode_mode_reads_back_from_its_name_and_an_unknown_one_is_refused() {
+        for mode in [OpenCodeMode::Run, OpenCodeMode::Serve] {
+            assert_eq!(mode.as_str().parse::<OpenCodeMode>(), Ok(mode));
+        }
+        assert_eq!(OpenCodeMode::Serve.as_str(), "serve");
+        assert_eq!(
+            "warm".parse::<OpenCodeMode>(),
+            Err("'warm' is not an OpenCode mode; use serve or run".to_owned())
+        );
+    }
+
+    /// The host's name is `TASKBRIDGE_HOST` when it names one, else the system's.
+    #[test]
+    fn the_hosts_name_is_the_systems_unless_the_environment_names_one() {
+        let system = nix::unistd::gethostname().unwrap().into_string().unwrap();
+        assert!(!system.is_empty());
+        assert_eq!(host_from(None), system);
+        assert_eq!(host_from(Some("  ".into())), system, "a blank name names none");
+        assert_eq!(host_from(Some(" box-1\n".into())), "box-1");
+        assert_eq!(hostname(), host_from(std::env::var("TASKBRIDGE_HOST").ok()));
+    }
+
+    #[test]
+    fn a_repositorys_config_comes_from_the_commit_not_the_working_tree() {
+        let dir = tempfile::tempdir().unwrap();
+        let git = |args: &[&str]| crate::git::tests::git(dir.path(), args);
+        git(&["init", "-q", "-b", "main"]);
+        std::fs::write(
+            dir.path().join(".taskbridge.toml"),
+            "[setup]\ncommands = [\"npm ci\"]\n[verify]\ncommands = [\"cargo test\"]\nrounds = 1\n",
+        )
+        .unwrap();
+        git(&["add", "."]);
+        git(&["commit", "-qm", "config"]);
+        let committed = crate::git::tests::head_of(dir.path(), "HEAD");
+        // What an agent wrote afterwards is not read.
+        std::fs::write(dir.path().join(".taskbridge.toml"), "[setup]\ncommands = [\"evil\"]\n")
+            .unwrap();
+        let cfg = RepoConfig::at(dir.path(), &committed).unwrap();
+        assert_eq!(cfg.setup.commands, ["npm ci"]);
+        assert_eq!(
+            (cfg.verify.commands.clone(), cfg.verify.rounds),
+            (vec!["cargo test".into()], 1)
+        );
+
+        std::fs::write(dir.path().join(".taskbridge.toml"), "[setup]\nfoo = 1\n").unwrap();
+        git(&["add", "."]);
+        git(&["commit", "-qm", "unknown key"]);
+        let err = RepoConfig::at(dir.path(), &crate::git::tests::head_of(dir.path(), "HEAD"))
+            .unwrap_err();
+        assert!(err.starts_with(".taskbridge.toml in ") && err.contains("is not valid"), "{err}");
+    }
 }

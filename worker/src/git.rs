@@ -1266,7 +1266,7 @@ pub(crate) mod tests {
         }
     }
 
-    fn head_of(dir: &Path, rev: &str) -> String {
+    pub(crate) fn head_of(dir: &Path, rev: &str) -> String {
         let out = Command::new("git").args(["rev-parse", rev]).current_dir(dir).output().unwrap();
         String::from_utf8(out.stdout).unwrap().trim().to_owned()
     }

@@ -117,4 +117,25 @@ mod tests {
         let alone: Value = serde_json::from_str(&with_plugin(None, plugin)).unwrap();
         assert_eq!(alone, json!({"plugin": [ours]}));
     }
+
+    #[test]
+    fn a_tasks_ask_rules_and_flags_become_denies_in_opencodes_rules() {
+        let rules =
+            |task: &Task| -> Value { serde_json::from_str(&permission_json(task)).unwrap() };
+        let mut task = crate::sample_task();
+        assert_eq!(rules(&task), json!({"external_directory": "deny"}));
+        task.ask_rules = vec!["bash:git push *".into(), "webfetch".into(), "nonsense".into()];
+        assert_eq!(
+            rules(&task),
+            json!({
+                "external_directory": "deny",
+                "bash": {"*": "allow", "git push *": "deny"},
+                "webfetch": "deny",
+            })
+        );
+        (task.readonly, task.no_shell, task.no_network) = (true, true, true);
+        let v = rules(&task);
+        assert_eq!((&v["edit"], &v["bash"]), (&json!("deny"), &json!("deny")));
+        assert_eq!((&v["webfetch"], &v["websearch"]), (&json!("deny"), &json!("deny")));
+    }
 }

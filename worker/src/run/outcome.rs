@@ -345,12 +345,14 @@ mod tests {
                 commit: None,
             },
         ];
-        let mut e = exit(Some(0), "Done: added a test.");
+        let text = "Done.\n```taskbridge-result\n{\"summary\": \"Added a test.\", \
+                    \"tests_run\": [\"cargo test\"], \"open_questions\": [\"Keep it?\"]}\n```";
+        let mut e = exit(Some(0), text);
         e.run.usage =
             Usage { input_tokens: 10, output_tokens: 5, cost_usd: 0.25, ..Default::default() };
         e.run.tool_calls = vec![ToolCall {
             tool: "bash".into(),
-            target: "ls".into(),
+            target: "cargo test".into(),
             status: "completed".into(),
             exit_code: Some(0),
         }];
@@ -367,9 +369,91 @@ mod tests {
         assert_eq!(res.started_from.as_deref(), Some(run.start.as_str()));
         assert_eq!(res.branch.as_deref(), Some("taskbridge/task-1"));
         assert_eq!((res.exit_code, res.tool_calls), (Some(0), 1));
-        assert_eq!(res.summary, "Done: added a test.");
+        assert_eq!(res.summary, "Added a test.");
+        assert_eq!(res.open_questions, ["Keep it?"]);
+        let observed =
+            result::TestRun { command: "cargo test".into(), exit_code: Some(0), observed: true };
+        assert_eq!(res.tests_run, [observed]);
+        let flags = result::permissions_for(AgentKind::ClaudeCode, false, false, false);
+        assert!(!flags.is_empty());
+        assert_eq!(res.permissions, flags);
         assert_eq!(res.agent.as_ref().map(|a| a.name.as_str()), Some("claude-code"));
         e.run.session_id = Some("ses_turn".into());
         assert_eq!(result_of(&e, &run, &carried).session_id.as_deref(), Some("ses_turn"));
+    }
+
+    /// A worker on a real queue whose `opencode models` offers two models.
+    fn worker_offering_models(
+        dir: &std::path::Path,
+    ) -> (std::sync::Arc<Worker>, std::sync::Arc<queue::Store>) {
+        use std::os::unix::fs::PermissionsExt;
+        let home = queue::Home::resolve(Some(dir.join("home"))).unwrap();
+        home.ensure().unwrap();
+        let store = std::sync::Arc::new(queue::Store::open(home.db_path()).unwrap());
+        let opencode = dir.join("opencode");
+        std::fs::write(
+            &opencode,
+            "#!/bin/sh\nprintf 'anthropic/claude-a\\nanthropic/claude-b\\n'\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&opencode, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let cfg = crate::config::WorkerConfig {
+            opencode,
+            opencode_mode: crate::config::OpenCodeMode::Run,
+            ..Default::default()
+        };
+        (Worker::new(store.clone(), home, cfg), store)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn opencodes_unknown_error_for_a_model_it_does_not_offer_fails_for_good() {
+        let dir = tempfile::tempdir().unwrap();
+        let (worker, _) = worker_offering_models(dir.path());
+        let unknown = AgentError { name: "UnknownError".into(), ..Default::default() };
+        let used = |m: &str| ModelUsed { requested: Some(m.into()), seen: None };
+        let d = worker.diagnose_agent_error(&unknown, &used("anthropic/claude-z")).await;
+        assert!(!d.retryable && d.message.ends_with("; the task cannot run with it"), "{d:?}");
+        assert!(d.message.contains("anthropic/claude-z"), "{d:?}");
+        // A model it offers, or another error: OpenCode's own words, explained.
+        let api = AgentError { name: "APIError".into(), ..Default::default() };
+        for (e, m) in [(&unknown, "anthropic/claude-a"), (&api, "anthropic/claude-z")] {
+            let got = worker.diagnose_agent_error(e, &used(m)).await;
+            assert_eq!(got, diagnose::agent_error(e, &used(m)), "{} {m}", e.name);
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_results_permission_requests_are_the_tasks_with_their_answers() {
+        let dir = tempfile::tempdir().unwrap();
+        let (worker, store) = worker_offering_models(dir.path());
+        let spec = queue::TaskSpec::new("t", "/tmp/r", "0123456789abcdef0123456789abcdef01234567");
+        let (t, _) = store.submit(spec).unwrap();
+        let c = store.claim_next("w", "h", std::time::Duration::from_secs(60)).unwrap().unwrap();
+        let ask = queue::Ask::permission(queue::PermissionAsk {
+            permission: "bash".into(),
+            patterns: vec!["rm x".into()],
+            target: Some("rm x".into()),
+            always: vec![],
+        });
+        let waiting = Outcome::Waiting {
+            question: ask.text(),
+            session_id: "s".into(),
+            result: None,
+            ask: Some(Box::new(ask)),
+        };
+        store.finish(t.id, c.token, waiting).unwrap();
+        store.answer(t.id, "once", "tui").unwrap();
+        let got = worker.permission_requests(t.id).await;
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert_eq!(
+            (got[0].permission.as_str(), got[0].patterns.clone()),
+            ("bash", vec!["rm x".into()])
+        );
+        assert_eq!(
+            (got[0].answer.as_deref(), got[0].answered_by.as_deref()),
+            (Some("once"), Some("tui"))
+        );
+        assert_eq!(got[0].target.as_deref(), Some("rm x"));
+        assert!(worker.permission_requests(queue::TaskId(99)).await.is_empty());
     }
 }
