@@ -42,56 +42,12 @@ pub fn run(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode> {
     let store = &ctx.store;
     match command {
         Command::Submit(args) => submit(&ctx, args)?,
-        Command::List { status, repo, limit, json } => {
-            let status = status
-                .map(|s| s.parse::<StatusFilter>())
-                .transpose()
-                .map_err(anyhow::Error::msg)?;
-            let repo = repo.map(|r| {
-                worker::git::resolve_repo(&ctx.cwd.join(&r), None)
-                    .map(|x| x.toplevel.display().to_string())
-                    .unwrap_or_else(|_| r.display().to_string())
-            });
-            let filter =
-                ListFilter { status, repo: repo.clone(), limit: Some(limit + 1), offset: 0 };
-            let mut tasks = store.list(&filter)?;
-            let more = tasks.len() > limit;
-            tasks.truncate(limit);
-            if json {
-                print_json(&tasks)?;
-            } else {
-                print_table(&tasks);
-                if more {
-                    let total = store
-                        .rows(status)?
-                        .iter()
-                        .filter(|r| repo.as_ref().is_none_or(|p| &r.repo == p))
-                        .count();
-                    outln!("{} of {total} shown; --limit N shows more", tasks.len());
-                }
-            }
-        }
+        Command::List { status, repo, limit, json } => list(&ctx, status, repo, limit, json)?,
         Command::Followup { id, prompt } => {
             let t = worker::followup(store, TaskId(id), &read_arg(&prompt, "prompt")?)?;
             outln!("{}", t.id.0);
         }
-        Command::Merge { id, into, squash } => {
-            let r = worker::merge_task(store, TaskId(id), into.as_deref(), squash)?;
-            let others: Vec<String> =
-                r.merged.iter().filter(|t| **t != id).map(|t| t.to_string()).collect();
-            outln!(
-                "task {id}: merged into {} ({}, {}){}{}",
-                r.into,
-                r.how,
-                &r.commit[..r.commit.len().min(12)],
-                r.checkout.as_deref().map(|c| format!("; updated {c}")).unwrap_or_default(),
-                if others.is_empty() {
-                    String::new()
-                } else {
-                    format!("; with the work of tasks {}", others.join(", "))
-                }
-            );
-        }
+        Command::Merge { id, into, squash } => merge(&ctx, id, into, squash)?,
         Command::Result { id, max_diff_bytes } => {
             let task = store.get(TaskId(id))?;
             if TaskResult::of(&task).is_none() {
@@ -123,27 +79,7 @@ pub fn run(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode> {
             }
         }
         Command::Logs { id, offset, max_bytes, follow } => {
-            let task = store.get(TaskId(id))?;
-            let path = worker::logs::log_path(&ctx.home.logs_dir(), task.id.0);
-            let mut chunk = worker::logs::read_log(&path, offset, max_bytes)?;
-            if let Some(w) = worker::logs::elsewhere(&task, chunk.size) {
-                bail!("{w} (`taskbridge show {id}` shows them)");
-            }
-            out!("{}", chunk.text);
-            // Follow until the task stops running (finished, or waiting for an answer).
-            if follow {
-                loop {
-                    if chunk.eof {
-                        let t = store.get(task.id)?;
-                        if t.status.is_terminal() || t.status == TaskStatus::Waiting {
-                            break;
-                        }
-                        std::thread::sleep(std::time::Duration::from_millis(200));
-                    }
-                    chunk = worker::logs::read_log(&path, Some(chunk.next_offset), max_bytes)?;
-                    out!("{}", chunk.text);
-                }
-            }
+            logs(&ctx, id, offset, max_bytes, follow)?
         }
         Command::Cancel { id } => {
             let t = store.cancel(TaskId(id))?;
@@ -157,18 +93,7 @@ pub fn run(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode> {
             let t = store.retry(TaskId(id))?;
             outln!("task {id}: {}", t.display_status);
         }
-        Command::Note { id, text } => {
-            let t = store.add_note(TaskId(id), &read_arg(&text, "note")?)?;
-            let when = match t.status {
-                TaskStatus::Queued => "with its prompt",
-                TaskStatus::Waiting => "with the answer",
-                _ => {
-                    "at its next step on OpenCode's warm server, else at its next turn; if the \
-                      task ends first, `show` says it was not delivered"
-                }
-            };
-            outln!("task {id}: note added; the agent gets it {when}");
-        }
+        Command::Note { id, text } => note(&ctx, id, &text)?,
         Command::Answer { id, text } => {
             let t = store.answer(TaskId(id), &read_arg(&text, "answer")?, "cli")?;
             if t.status.is_terminal() {
@@ -183,162 +108,14 @@ pub fn run(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode> {
             let t = store.set_priority(TaskId(id), priority)?;
             outln!("task {id}: priority {}", t.priority);
         }
-        Command::Clear { older_than, statuses } => {
-            let secs = parse_duration(&older_than)?;
-            let statuses = statuses
-                .split(',')
-                .map(|s| s.trim().parse::<TaskStatus>())
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(anyhow::Error::msg)?;
-            let cleared = worker::clear_finished(store, &ctx.home, secs, &statuses, &[])?;
-            outln!("cleared {} task(s)", cleared.len());
-        }
-        Command::Status { json } => {
-            let st = store.queue_status()?;
-            if json {
-                print_json(&st)?;
-            } else {
-                outln!("database: {}", ctx.store.location());
-                let order =
-                    ["queued", "blocked", "running", "waiting", "done", "failed", "cancelled"];
-                let counts: Vec<String> = order
-                    .iter()
-                    .map(|k| format!("{k} {}", st.counts.get(*k).unwrap_or(&0)))
-                    .collect();
-                outln!("tasks: {}", counts.join(", "));
-                if let Some(age) = st.oldest_queued_age_s {
-                    outln!("oldest queued: {}", human_duration(age));
-                }
-                outln!(
-                    "default model: {}",
-                    st.default_model.as_deref().unwrap_or("(OpenCode's own)")
-                );
-                let spend = &st.spend_today;
-                let by: Vec<String> = spend
-                    .cost_usd_by_status
-                    .iter()
-                    .map(|(s, c)| format!("{s} {}", queue::usd(*c)))
-                    .collect();
-                outln!(
-                    "spent today: {}, {} tokens{}",
-                    queue::usd(spend.cost_usd),
-                    spend.tokens,
-                    if by.is_empty() { String::new() } else { format!(" ({})", by.join(", ")) }
-                );
-                // On a queue shared by several hosts, which of them have a live worker.
-                let mut hosts: Vec<&str> = st
-                    .workers
-                    .iter()
-                    .filter(|w| !w.stopped && !w.stale)
-                    .map(|w| w.host.as_str())
-                    .collect();
-                hosts.sort_unstable();
-                hosts.dedup();
-                let on = if hosts.len() > 1 {
-                    format!(" (on {})", hosts.join(", "))
-                } else {
-                    String::new()
-                };
-                outln!("workers alive: {}{on}", st.workers_alive);
-                for w in st.workers.iter().filter(|w| !w.stopped) {
-                    let tasks: Vec<String> =
-                        w.current_tasks.iter().map(|t| t.0.to_string()).collect();
-                    outln!(
-                        "  {} pid {}{} ({}) running [{}]",
-                        w.id,
-                        w.pid,
-                        if w.stale { " (stale)" } else { "" },
-                        w.agent.as_deref().unwrap_or("agent unknown"),
-                        tasks.join(", ")
-                    );
-                }
-            }
-        }
-        Command::ListWorkers { json } => {
-            let workers = store.list_workers()?;
-            if json {
-                print_json(&workers)?;
-            } else if workers.is_empty() {
-                outln!("no workers have run on this database; start one with `taskbridge worker`");
-            } else {
-                outln!(
-                    "{:<28}  {:>7}  {:<16}  {:<8}  {:>9}  {:<15}  {:<26}  TASKS",
-                    "ID",
-                    "PID",
-                    "HOST",
-                    "STATE",
-                    "HEARTBEAT",
-                    "AGENT",
-                    "RUNS"
-                );
-                for w in &workers {
-                    let state = match (w.stopped, w.stale) {
-                        (true, _) => "stopped",
-                        (false, true) => "stale",
-                        (false, false) => "alive",
-                    };
-                    let tasks: Vec<String> =
-                        w.current_tasks.iter().map(|t| t.0.to_string()).collect();
-                    let runs =
-                        if w.agents.is_empty() { "opencode".into() } else { w.agents.join(",") };
-                    outln!(
-                        "{:<28}  {:>7}  {:<16}  {:<8}  {:>9}  {:<15}  {:<26}  {}",
-                        truncate(&w.id, 28),
-                        w.pid,
-                        truncate(&w.host, 16),
-                        state,
-                        format!("{} ago", human_duration(now() - w.heartbeat_at)),
-                        w.agent.as_deref().unwrap_or("?"),
-                        runs,
-                        tasks.join(", ")
-                    );
-                }
-            }
-        }
+        Command::Clear { older_than, statuses } => clear(&ctx, &older_than, &statuses)?,
+        Command::Status { json } => status(&ctx, json)?,
+        Command::ListWorkers { json } => list_workers(&ctx, json)?,
         Command::Config { client, write, http_url } => {
             crate::clients::run(&client, write, ctx.home.root(), &http_url)?
         }
         Command::Models { provider, agent, set_default, refresh } => {
-            let opencode = &ctx.config.worker.opencode;
-            let agent = worker::agent::AgentSpec::parse(agent.as_deref().unwrap_or(""))
-                .map_err(|e| anyhow::anyhow!(e))?;
-            if agent.kind != worker::agent::AgentKind::OpenCode {
-                if set_default.is_some() {
-                    anyhow::bail!(
-                        "--set-default sets OpenCode's default model; give another agent's model \
-                         to each task with --model"
-                    );
-                }
-                let program = agent.kind.program_from_env();
-                let (models, note) = worker::models::agent_models(agent.kind, &program)?;
-                for m in models {
-                    outln!("{m}");
-                }
-                if let Some(note) = note {
-                    eprintln!("({note})");
-                }
-                return Ok(ExitCode::SUCCESS);
-            }
-            match set_default {
-                Some(m) => {
-                    worker::models::set_default_model(store, opencode, &m)?;
-                    outln!("default model: {m}");
-                }
-                None => {
-                    for m in
-                        worker::models::list_models(store, opencode, provider.as_deref(), refresh)?
-                    {
-                        outln!("{m}");
-                    }
-                    if let Some(at) = worker::models::fetched_at(store)? {
-                        eprintln!(
-                            "(OpenCode's list as fetched {} ago; it is kept for an hour, and \
-                             --refresh fetches it again)",
-                            human_duration(now() - at)
-                        );
-                    }
-                }
-            }
+            models(&ctx, provider, agent, set_default, refresh)?
         }
         Command::SetDefaultModel { model } => {
             worker::models::set_default_model(store, &ctx.config.worker.opencode, &model)?;
@@ -359,6 +136,270 @@ pub fn run(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode> {
         | Command::ClaudeMcp(_) => unreachable_long_running()?,
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `list`: the queue's tasks as a table or JSON, newest first, with how many more there are.
+fn list(
+    ctx: &Ctx,
+    status: Option<String>,
+    repo: Option<std::path::PathBuf>,
+    limit: usize,
+    json: bool,
+) -> anyhow::Result<()> {
+    let store = &ctx.store;
+    let status =
+        status.map(|s| s.parse::<StatusFilter>()).transpose().map_err(anyhow::Error::msg)?;
+    let repo = repo.map(|r| {
+        worker::git::resolve_repo(&ctx.cwd.join(&r), None)
+            .map(|x| x.toplevel.display().to_string())
+            .unwrap_or_else(|_| r.display().to_string())
+    });
+    let filter = ListFilter { status, repo: repo.clone(), limit: Some(limit + 1), offset: 0 };
+    let mut tasks = store.list(&filter)?;
+    let more = tasks.len() > limit;
+    tasks.truncate(limit);
+    if json {
+        print_json(&tasks)?;
+    } else {
+        print_table(&tasks);
+        if more {
+            let total = store
+                .rows(status)?
+                .iter()
+                .filter(|r| repo.as_ref().is_none_or(|p| &r.repo == p))
+                .count();
+            outln!("{} of {total} shown; --limit N shows more", tasks.len());
+        }
+    }
+    Ok(())
+}
+
+/// `merge`: a done task's branch into the user's, and what was merged with it.
+fn merge(ctx: &Ctx, id: i64, into: Option<String>, squash: bool) -> anyhow::Result<()> {
+    let store = &ctx.store;
+    let r = worker::merge_task(store, TaskId(id), into.as_deref(), squash)?;
+    let others: Vec<String> =
+        r.merged.iter().filter(|t| **t != id).map(|t| t.to_string()).collect();
+    outln!(
+        "task {id}: merged into {} ({}, {}){}{}",
+        r.into,
+        r.how,
+        &r.commit[..r.commit.len().min(12)],
+        r.checkout.as_deref().map(|c| format!("; updated {c}")).unwrap_or_default(),
+        if others.is_empty() {
+            String::new()
+        } else {
+            format!("; with the work of tasks {}", others.join(", "))
+        }
+    );
+    Ok(())
+}
+
+/// `logs`: the task's log from `offset`, following it while the task runs.
+fn logs(
+    ctx: &Ctx,
+    id: i64,
+    offset: Option<u64>,
+    max_bytes: usize,
+    follow: bool,
+) -> anyhow::Result<()> {
+    let store = &ctx.store;
+    let task = store.get(TaskId(id))?;
+    let path = worker::logs::log_path(&ctx.home.logs_dir(), task.id.0);
+    let mut chunk = worker::logs::read_log(&path, offset, max_bytes)?;
+    if let Some(w) = worker::logs::elsewhere(&task, chunk.size) {
+        bail!("{w} (`taskbridge show {id}` shows them)");
+    }
+    out!("{}", chunk.text);
+    // Follow until the task stops running (finished, or waiting for an answer).
+    if follow {
+        loop {
+            if chunk.eof {
+                let t = store.get(task.id)?;
+                if t.status.is_terminal() || t.status == TaskStatus::Waiting {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(200));
+            }
+            chunk = worker::logs::read_log(&path, Some(chunk.next_offset), max_bytes)?;
+            out!("{}", chunk.text);
+        }
+    }
+    Ok(())
+}
+
+/// `note`: a note for the agent, and when it gets it.
+fn note(ctx: &Ctx, id: i64, text: &str) -> anyhow::Result<()> {
+    let store = &ctx.store;
+    let t = store.add_note(TaskId(id), &read_arg(text, "note")?)?;
+    let when = match t.status {
+        TaskStatus::Queued => "with its prompt",
+        TaskStatus::Waiting => "with the answer",
+        _ => {
+            "at its next step on OpenCode's warm server, else at its next turn; if the \
+              task ends first, `show` says it was not delivered"
+        }
+    };
+    outln!("task {id}: note added; the agent gets it {when}");
+    Ok(())
+}
+
+/// `clear-finished`: finished tasks older than `older_than` with one of `statuses`.
+fn clear(ctx: &Ctx, older_than: &str, statuses: &str) -> anyhow::Result<()> {
+    let store = &ctx.store;
+    let secs = parse_duration(older_than)?;
+    let statuses = statuses
+        .split(',')
+        .map(|s| s.trim().parse::<TaskStatus>())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(anyhow::Error::msg)?;
+    let cleared = worker::clear_finished(store, &ctx.home, secs, &statuses, &[])?;
+    outln!("cleared {} task(s)", cleared.len());
+    Ok(())
+}
+
+/// `status`: the queue's counts, spend, default model and live workers.
+fn status(ctx: &Ctx, json: bool) -> anyhow::Result<()> {
+    let store = &ctx.store;
+    let st = store.queue_status()?;
+    if json {
+        print_json(&st)?;
+    } else {
+        outln!("database: {}", ctx.store.location());
+        let order = ["queued", "blocked", "running", "waiting", "done", "failed", "cancelled"];
+        let counts: Vec<String> =
+            order.iter().map(|k| format!("{k} {}", st.counts.get(*k).unwrap_or(&0))).collect();
+        outln!("tasks: {}", counts.join(", "));
+        if let Some(age) = st.oldest_queued_age_s {
+            outln!("oldest queued: {}", human_duration(age));
+        }
+        outln!("default model: {}", st.default_model.as_deref().unwrap_or("(OpenCode's own)"));
+        let spend = &st.spend_today;
+        let by: Vec<String> = spend
+            .cost_usd_by_status
+            .iter()
+            .map(|(s, c)| format!("{s} {}", queue::usd(*c)))
+            .collect();
+        outln!(
+            "spent today: {}, {} tokens{}",
+            queue::usd(spend.cost_usd),
+            spend.tokens,
+            if by.is_empty() { String::new() } else { format!(" ({})", by.join(", ")) }
+        );
+        // On a queue shared by several hosts, which of them have a live worker.
+        let mut hosts: Vec<&str> =
+            st.workers.iter().filter(|w| !w.stopped && !w.stale).map(|w| w.host.as_str()).collect();
+        hosts.sort_unstable();
+        hosts.dedup();
+        let on =
+            if hosts.len() > 1 { format!(" (on {})", hosts.join(", ")) } else { String::new() };
+        outln!("workers alive: {}{on}", st.workers_alive);
+        for w in st.workers.iter().filter(|w| !w.stopped) {
+            let tasks: Vec<String> = w.current_tasks.iter().map(|t| t.0.to_string()).collect();
+            outln!(
+                "  {} pid {}{} ({}) running [{}]",
+                w.id,
+                w.pid,
+                if w.stale { " (stale)" } else { "" },
+                w.agent.as_deref().unwrap_or("agent unknown"),
+                tasks.join(", ")
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `list-workers`: every worker that ran on this queue, alive, stale or stopped.
+fn list_workers(ctx: &Ctx, json: bool) -> anyhow::Result<()> {
+    let store = &ctx.store;
+    let workers = store.list_workers()?;
+    if json {
+        print_json(&workers)?;
+    } else if workers.is_empty() {
+        outln!("no workers have run on this database; start one with `taskbridge worker`");
+    } else {
+        outln!(
+            "{:<28}  {:>7}  {:<16}  {:<8}  {:>9}  {:<15}  {:<26}  TASKS",
+            "ID",
+            "PID",
+            "HOST",
+            "STATE",
+            "HEARTBEAT",
+            "AGENT",
+            "RUNS"
+        );
+        for w in &workers {
+            let state = match (w.stopped, w.stale) {
+                (true, _) => "stopped",
+                (false, true) => "stale",
+                (false, false) => "alive",
+            };
+            let tasks: Vec<String> = w.current_tasks.iter().map(|t| t.0.to_string()).collect();
+            let runs = if w.agents.is_empty() { "opencode".into() } else { w.agents.join(",") };
+            outln!(
+                "{:<28}  {:>7}  {:<16}  {:<8}  {:>9}  {:<15}  {:<26}  {}",
+                truncate(&w.id, 28),
+                w.pid,
+                truncate(&w.host, 16),
+                state,
+                format!("{} ago", human_duration(now() - w.heartbeat_at)),
+                w.agent.as_deref().unwrap_or("?"),
+                runs,
+                tasks.join(", ")
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `list-models`: OpenCode's models (or another agent's), or `--set-default`.
+fn models(
+    ctx: &Ctx,
+    provider: Option<String>,
+    agent: Option<String>,
+    set_default: Option<String>,
+    refresh: bool,
+) -> anyhow::Result<()> {
+    let store = &ctx.store;
+    let opencode = &ctx.config.worker.opencode;
+    let agent = worker::agent::AgentSpec::parse(agent.as_deref().unwrap_or(""))
+        .map_err(|e| anyhow::anyhow!(e))?;
+    if agent.kind != worker::agent::AgentKind::OpenCode {
+        if set_default.is_some() {
+            anyhow::bail!(
+                "--set-default sets OpenCode's default model; give another agent's model \
+                 to each task with --model"
+            );
+        }
+        let program = agent.kind.program_from_env();
+        let (models, note) = worker::models::agent_models(agent.kind, &program)?;
+        for m in models {
+            outln!("{m}");
+        }
+        if let Some(note) = note {
+            eprintln!("({note})");
+        }
+        return Ok(());
+    }
+    match set_default {
+        Some(m) => {
+            worker::models::set_default_model(store, opencode, &m)?;
+            outln!("default model: {m}");
+        }
+        None => {
+            for m in worker::models::list_models(store, opencode, provider.as_deref(), refresh)? {
+                outln!("{m}");
+            }
+            if let Some(at) = worker::models::fetched_at(store)? {
+                eprintln!(
+                    "(OpenCode's list as fetched {} ago; it is kept for an hour, and \
+                     --refresh fetches it again)",
+                    human_duration(now() - at)
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 fn unreachable_long_running() -> anyhow::Result<()> {
@@ -572,32 +613,7 @@ fn print_task(t: &Task) {
         outln!("  session:   {s}");
     }
     if let Some(q) = &t.question {
-        let kind = match t.ask.as_ref().map(|a| a.kind) {
-            Some(queue::AskKind::Permission) => "PERMISSION",
-            Some(queue::AskKind::Budget) => "BUDGET",
-            _ => "QUESTION",
-        };
-        outln!("  {kind:<10} {}", indent(q, 13));
-        for aq in t.ask.iter().flat_map(|a| &a.questions) {
-            if let Some(h) = &aq.header {
-                outln!(
-                    "             [{h}]{}",
-                    if aq.multiple { " (several may be chosen)" } else { "" }
-                );
-            }
-            for o in &aq.options {
-                match &o.description {
-                    Some(d) => outln!("             - {}: {d}", o.label),
-                    None => outln!("             - {}", o.label),
-                }
-            }
-        }
-        let hint = match t.ask.as_ref().map(|a| a.kind) {
-            Some(queue::AskKind::Permission) => "once|always|reject|\"reject: ...\"",
-            Some(queue::AskKind::Budget) => "continue|\"continue 2.00\"|stop",
-            _ => "\"...\"",
-        };
-        outln!("             answer with: taskbridge answer {} {hint}", t.id.0);
+        print_decision(t, q);
     }
     for (i, q) in t.questions.iter().enumerate() {
         if q.answer.is_some() {
@@ -618,46 +634,81 @@ fn print_task(t: &Task) {
         outln!("  error:     {e}");
     }
     if let Some(r) = TaskResult::of(t) {
-        if r.no_changes {
-            outln!("  NO CHANGES: the agent changed no file");
-        }
-        if !r.summary.trim().is_empty() {
-            outln!("  summary:   {}", r.summary.trim().replace('\n', "\n             "));
-        }
-        for f in &r.files_touched {
-            outln!("  file:      {} {}", f.status, f.path);
-        }
-        for test in &r.tests_run {
-            let code = test.exit_code.map_or("?".to_owned(), |c| c.to_string());
-            let seen = if test.observed { "" } else { " (claimed, not observed)" };
-            outln!("  test:      {} -> exit {code}{seen}", test.command);
-        }
-        for q in &r.open_questions {
-            outln!("  open:      {q}");
-        }
-        let u = &r.usage;
-        let cost = if r.cost_known() { queue::usd(u.cost_usd) } else { "cost not reported".into() };
-        outln!(
-            "  usage:     {} in, {} out, {} cache read, {} cache write, {cost}",
-            u.input_tokens,
-            u.output_tokens,
-            u.cache_read_tokens,
-            u.cache_write_tokens,
-        );
-        if let Some(a) = &r.agent {
-            outln!("  ran on:    {}", a.name);
-            for f in &a.fallbacks {
-                outln!("             {f}");
-            }
-        }
-        if let Some(c) = &r.commit {
-            outln!("  commit:    {c}");
-        }
-        if !r.reverted_files.is_empty() {
-            outln!("  reverted:  {}", r.reverted_files.join(", "));
-        }
+        print_result(&r);
     }
     outln!("  prompt:\n    {}", t.prompt.replace('\n', "\n    "));
+}
+
+/// The decision a waiting task needs: the question, its options, and how to answer.
+fn print_decision(t: &Task, q: &str) {
+    let kind = match t.ask.as_ref().map(|a| a.kind) {
+        Some(queue::AskKind::Permission) => "PERMISSION",
+        Some(queue::AskKind::Budget) => "BUDGET",
+        _ => "QUESTION",
+    };
+    outln!("  {kind:<10} {}", indent(q, 13));
+    for aq in t.ask.iter().flat_map(|a| &a.questions) {
+        if let Some(h) = &aq.header {
+            outln!(
+                "             [{h}]{}",
+                if aq.multiple { " (several may be chosen)" } else { "" }
+            );
+        }
+        for o in &aq.options {
+            match &o.description {
+                Some(d) => outln!("             - {}: {d}", o.label),
+                None => outln!("             - {}", o.label),
+            }
+        }
+    }
+    let hint = match t.ask.as_ref().map(|a| a.kind) {
+        Some(queue::AskKind::Permission) => "once|always|reject|\"reject: ...\"",
+        Some(queue::AskKind::Budget) => "continue|\"continue 2.00\"|stop",
+        _ => "\"...\"",
+    };
+    outln!("             answer with: taskbridge answer {} {hint}", t.id.0);
+}
+
+/// What a task's result says: no changes, summary, files, tests, questions, usage, the agent.
+fn print_result(r: &TaskResult) {
+    if r.no_changes {
+        outln!("  NO CHANGES: the agent changed no file");
+    }
+    if !r.summary.trim().is_empty() {
+        outln!("  summary:   {}", r.summary.trim().replace('\n', "\n             "));
+    }
+    for f in &r.files_touched {
+        outln!("  file:      {} {}", f.status, f.path);
+    }
+    for test in &r.tests_run {
+        let code = test.exit_code.map_or("?".to_owned(), |c| c.to_string());
+        let seen = if test.observed { "" } else { " (claimed, not observed)" };
+        outln!("  test:      {} -> exit {code}{seen}", test.command);
+    }
+    for q in &r.open_questions {
+        outln!("  open:      {q}");
+    }
+    let u = &r.usage;
+    let cost = if r.cost_known() { queue::usd(u.cost_usd) } else { "cost not reported".into() };
+    outln!(
+        "  usage:     {} in, {} out, {} cache read, {} cache write, {cost}",
+        u.input_tokens,
+        u.output_tokens,
+        u.cache_read_tokens,
+        u.cache_write_tokens,
+    );
+    if let Some(a) = &r.agent {
+        outln!("  ran on:    {}", a.name);
+        for f in &a.fallbacks {
+            outln!("             {f}");
+        }
+    }
+    if let Some(c) = &r.commit {
+        outln!("  commit:    {c}");
+    }
+    if !r.reverted_files.is_empty() {
+        outln!("  reverted:  {}", r.reverted_files.join(", "));
+    }
 }
 
 /// `taskbridge migrate --from A --to B`: copies every row; the source is left as it was.

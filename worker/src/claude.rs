@@ -12,7 +12,7 @@
 
 use crate::agent::ToolUse;
 use crate::events::{AgentError, AgentEvent, ToolCall, Usage};
-use crate::process::{Decision, Dialect};
+use crate::process::{AgentProtocol, Decision};
 use queue::{AgentQuestion, Ask, QuestionOption};
 use serde_json::{Value, json};
 use std::collections::HashMap;
@@ -80,7 +80,7 @@ pub struct ClaudeStream {
     message: Option<String>,
 }
 
-impl Dialect for ClaudeStream {
+impl AgentProtocol for ClaudeStream {
     fn events(&mut self, line: &str) -> Option<Vec<AgentEvent>> {
         let v: Value = serde_json::from_str(line).ok()?;
         let mut out = Vec::new();

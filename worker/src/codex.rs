@@ -7,7 +7,7 @@
 //! task's rules could not hold. It reports tokens, never a cost.
 
 use crate::events::{AgentError, AgentEvent, ToolCall, Usage};
-use crate::process::Dialect;
+use crate::process::AgentProtocol;
 use serde_json::Value;
 
 /// The arguments of one turn, the prompt read from stdin (`-`).
@@ -38,7 +38,7 @@ pub fn args(task: &queue::Task, model: Option<&str>, session: Option<&str>) -> V
 #[derive(Default)]
 pub struct CodexStream;
 
-impl Dialect for CodexStream {
+impl AgentProtocol for CodexStream {
     fn events(&mut self, line: &str) -> Option<Vec<AgentEvent>> {
         let v: Value = serde_json::from_str(line).ok()?;
         let s = |p: &str| v.pointer(p).and_then(Value::as_str).unwrap_or("").to_owned();

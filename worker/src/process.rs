@@ -208,7 +208,7 @@ impl ProcessTree {
 
 /// How an agent's process talks: its stdout lines as events, and, for an agent with a control
 /// channel on stdin, how an answer to one of its requests is written there.
-pub trait Dialect: Send {
+pub trait AgentProtocol: Send {
     /// The events one stdout line carries, or `None` when the line is not the agent's format.
     fn events(&mut self, line: &str) -> Option<Vec<AgentEvent>>;
     /// Events in a stderr line (OpenCode's log names the model it used).
@@ -248,7 +248,7 @@ pub enum Decision {
 /// `opencode run --format json`: events on stdout, the prompt on stdin read to EOF.
 pub struct OpenCodeRun;
 
-impl Dialect for OpenCodeRun {
+impl AgentProtocol for OpenCodeRun {
     fn events(&mut self, line: &str) -> Option<Vec<AgentEvent>> {
         crate::events::opencode_events(line)
     }
@@ -259,7 +259,7 @@ impl Dialect for OpenCodeRun {
     }
 }
 
-/// Spawns the agent, feeds it `stdin` (and closes it, unless the dialect keeps it open for
+/// Spawns the agent, feeds it `stdin` (and closes it, unless the protocol keeps it open for
 /// answers), and reads its events until it exits or `stop` says otherwise. A request the agent
 /// makes over its control channel goes to `decide`: answered on stdin, or, when it must wait for
 /// a person or the planner, the run stops there with the decision in [`AgentExit::waiting`].
@@ -268,7 +268,7 @@ impl Dialect for OpenCodeRun {
 #[allow(clippy::too_many_arguments)]
 pub async fn run_agent(
     cmd: AgentCommand,
-    dialect: &mut dyn Dialect,
+    protocol: &mut dyn AgentProtocol,
     decide: &mut (dyn FnMut(&queue::Ask, &Value) -> Decision + Send),
     log: &mut TaskLog,
     mut stop: watch::Receiver<Option<StopReason>>,
@@ -312,7 +312,7 @@ pub async fn run_agent(
         });
     }
     let _ = in_tx.send(cmd.stdin);
-    let mut input = dialect.keeps_input_open().then_some(in_tx);
+    let mut input = protocol.keeps_input_open().then_some(in_tx);
     let (err_tx, mut err_rx) = mpsc::unbounded_channel::<String>();
     if let Some(stderr) = child.stderr.take() {
         tokio::spawn(async move {
@@ -337,16 +337,16 @@ pub async fn run_agent(
                 match line {
                     Ok(Some(line)) => {
                         log.raw(&line);
-                        let Some(events) = dialect.events(&line) else {
+                        let Some(events) = protocol.events(&line) else {
                             log.line(&format!("(not the agent's format) {line}"));
                             continue;
                         };
                         run.events += 1;
                         for ev in events {
-                            let close = dialect.ends_input(&ev);
+                            let close = protocol.ends_input(&ev);
                             if let AgentEvent::Decision { request, ask, input: tool_input } = &ev {
                                 let decision = decide(ask, tool_input);
-                                match (&decision, dialect.answer(request, &decision)) {
+                                match (&decision, protocol.answer(request, &decision)) {
                                     (Decision::Wait, _) => {
                                         log.line(&format!("the agent waits for a decision: {}", brief(ask)));
                                         waiting = Some(ask.clone());
@@ -364,7 +364,7 @@ pub async fn run_agent(
                                 }
                             }
                             if let AgentEvent::Error(e) = &ev {
-                                fatal |= dialect.is_fatal(e);
+                                fatal |= protocol.is_fatal(e);
                             }
                             let steps = run.usage.steps;
                             if let Some(text) = run.apply(ev) {
@@ -387,7 +387,7 @@ pub async fn run_agent(
             line = err_rx.recv(), if stderr_open => match line {
                 Some(line) => {
                     log.line(&format!("stderr: {line}"));
-                    for ev in dialect.stderr(&line) {
+                    for ev in protocol.stderr(&line) {
                         run.apply(ev);
                     }
                     if tail.len() == 20 {

@@ -254,7 +254,7 @@ impl Worker {
         if let Some(missing) = kind.missing(&program) {
             return Err(Outcome::FailedPermanently { error: missing, result: None }.into());
         }
-        let (args, stdin, mut dialect): (_, _, Box<dyn process::Dialect>) = match kind {
+        let (args, stdin, mut protocol): (_, _, Box<dyn process::AgentProtocol>) = match kind {
             AgentKind::ClaudeCode => {
                 if let Some(s) = &session {
                     crate::claude::carry_session(s, dir);
@@ -288,7 +288,7 @@ impl Worker {
         let mut on_step = spend_recorder(self.store.clone(), id, token, self.spent(run, talk));
         let exit = process::run_agent(
             cmd,
-            dialect.as_mut(),
+            protocol.as_mut(),
             &mut decide,
             log,
             stop,
