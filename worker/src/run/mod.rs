@@ -51,8 +51,6 @@ pub(crate) struct Run<'a> {
     pub parent_dir: Option<PathBuf>,
     /// The model named to the agent (the task's, else for OpenCode the queue's default).
     pub model: Option<String>,
-    /// Whether OpenCode's warm server runs this task (every other agent runs a process a turn).
-    pub serving: bool,
     /// Whether this worker has a warm server at all.
     pub warm_server: bool,
     pub deadline: tokio::time::Instant,
@@ -111,9 +109,24 @@ impl Worker {
     }
 }
 
+impl Run<'_> {
+    /// Whether OpenCode's warm server runs this task (every other agent runs a process a turn).
+    pub fn serving(&self) -> bool {
+        self.warm_server && self.spec.kind == crate::agent::AgentKind::OpenCode
+    }
+}
+
 /// What the task's earlier runs (before an answer, before a retry) spent.
 fn previous_usage(task: &Task) -> Usage {
     TaskResult::of(task).map(|r| r.usage).unwrap_or_default()
+}
+
+/// What the task had spent before a turn: its earlier runs, and `carried`, this run's earlier
+/// turns (its fix rounds).
+fn spent_before(task: &Task, carried: &Usage) -> Usage {
+    let mut u = previous_usage(task);
+    u.add(carried);
+    u
 }
 
 fn to_json(res: &TaskResult) -> serde_json::Value {
@@ -138,7 +151,6 @@ pub(crate) mod tests {
             first_run: true,
             parent_dir: None,
             model: Some("anthropic/claude-x".into()),
-            serving: kind == AgentKind::OpenCode,
             warm_server: true,
             deadline: tokio::time::Instant::now(),
         }

@@ -3,7 +3,7 @@
 //! functions of the exit and the run, so every case is tested with made-up exits; the worker
 //! then turns the verdict into the run's outcome ([`Worker::settle`]).
 
-use super::{End, Run, Stage, previous_usage, to_json};
+use super::{End, Run, Stage, spent_before, to_json};
 use crate::agent::AgentKind;
 use crate::claim_loop::Worker;
 use crate::diagnose::{self, Diagnosis, ModelUsed};
@@ -88,12 +88,11 @@ pub(super) fn result_of(exit: &AgentExit, run: &Run<'_>, carried: &Usage) -> Tas
     let task = run.task;
     let final_text = exit.run.final_text();
     let reported = result::reported(&final_text);
-    let mut usage = previous_usage(task);
-    usage.add(carried);
+    let mut usage = spent_before(task, carried);
     usage.add(&exit.run.usage);
     let mut permissions =
         result::permissions_for(run.spec.kind, task.readonly, task.no_shell, task.no_network);
-    permissions.extend(crate::decisions::ask_permissions(task, run.spec.kind, run.serving));
+    permissions.extend(crate::decisions::ask_permissions(task, run.spec.kind, run.serving()));
     TaskResult {
         summary: result::summary(&final_text, &reported),
         tests_run: result::tests_run(&exit.run, &reported),
@@ -111,7 +110,12 @@ pub(super) fn result_of(exit: &AgentExit, run: &Run<'_>, carried: &Usage) -> Tas
             .map(|t| t.0)
             .chain(run.deps.iter().filter(|d| d.commit.is_some()).map(|d| d.id.0))
             .collect(),
-        agent: Some(crate::decisions::agent_report(task, &run.spec, run.serving, run.warm_server)),
+        agent: Some(crate::decisions::agent_report(
+            task,
+            &run.spec,
+            run.serving(),
+            run.warm_server,
+        )),
         ..Default::default()
     }
 }

@@ -82,9 +82,9 @@ impl Conversation {
         let followup_session = task
             .session_id
             .clone()
-            .filter(|_| followup && (run.serving || in_parents_dir || !native_opencode));
+            .filter(|_| followup && (run.serving() || in_parents_dir || !native_opencode));
         let interrupted = resume.is_none()
-            && (run.serving || !native_opencode)
+            && (run.serving() || !native_opencode)
             && task.session_id.is_some()
             && !followup;
         // The task's own prompt, standing without any earlier conversation.
@@ -131,7 +131,7 @@ impl Conversation {
         });
         let mut args = opencode_run_args(run);
         let session = resume.as_ref().map(|r| r.session_id.clone());
-        if let Some(s) = session.or_else(|| followup_session.clone().filter(|_| !run.serving)) {
+        if let Some(s) = session.or_else(|| followup_session.clone().filter(|_| !run.serving())) {
             args.extend(["--session".into(), s]);
         }
         let mut env = vec![("OPENCODE_PERMISSION".to_owned(), permission_json(task))];
@@ -190,7 +190,7 @@ impl Conversation {
             failed.output_tail
         );
         self.round_session = session;
-        if !run.serving
+        if !run.serving()
             && run.spec.kind == AgentKind::OpenCode
             && let Some(s) = &self.round_session
             && !self.args.iter().any(|a| a == "--session")
@@ -351,7 +351,7 @@ mod tests {
         assert!(alone.starts_with(PREAMBLE) && alone.contains("# Task 1: t"), "{alone}");
         // `opencode run` keeps no session between processes: it starts the task again.
         let mut run_mode = run_of(&task, AgentKind::OpenCode);
-        run_mode.serving = false;
+        run_mode.warm_server = false;
         let talk = Conversation::new(&run_mode, None, &[], &cfg());
         assert!(talk.prompt.starts_with(PREAMBLE));
         assert_eq!(talk.session(&task), None);
@@ -372,14 +372,14 @@ mod tests {
 
         // `opencode run` elsewhere than the parent's directory: a request that stands alone.
         let mut elsewhere = run_of(&task, AgentKind::OpenCode);
-        elsewhere.serving = false;
+        elsewhere.warm_server = false;
         let talk = Conversation::new(&elsewhere, None, &[], &cfg());
         assert!(talk.prompt.contains("This follows up earlier work"), "{}", talk.prompt);
         assert_eq!((talk.session(&task), has_session(&talk.args)), (None, None));
 
         // In the parent's own directory, the parent's session.
         let mut at_parents = run_of(&task, AgentKind::OpenCode);
-        at_parents.serving = false;
+        at_parents.warm_server = false;
         at_parents.parent_dir = Some(at_parents.dir.clone());
         let talk = Conversation::new(&at_parents, None, &[], &cfg());
         assert_eq!(has_session(&talk.args), Some("ses_parent"));
@@ -395,7 +395,7 @@ mod tests {
     fn a_fix_round_sends_the_checks_output_in_the_turns_session() {
         let task = crate::sample_task();
         let mut run = run_of(&task, AgentKind::OpenCode);
-        run.serving = false;
+        run.warm_server = false;
         let mut talk = Conversation::new(&run, None, &[], &cfg());
         talk.rejected = Some("permission to bash: x".into());
         let failed = Check {

@@ -7,7 +7,7 @@
 
 use super::outcome;
 use super::prompt::{Conversation, exit_status, notes_section};
-use super::{Run, Stage, previous_usage, to_json};
+use super::{Run, Stage, previous_usage, spent_before, to_json};
 use crate::agent::AgentKind;
 use crate::claim_loop::Worker;
 use crate::config::RepoConfig;
@@ -200,7 +200,12 @@ impl Worker {
             };
             log.line(&format!("$ {} {}", program.display(), shell_words(&talk.args)));
             let mut never = |_: &queue::Ask, _: &serde_json::Value| process::Decision::Wait;
-            let mut on_step = spend_recorder(self.store.clone(), id, token, self.spent(run, talk));
+            let mut on_step = spend_recorder(
+                self.store.clone(),
+                id,
+                token,
+                spent_before(run.task, &talk.carried),
+            );
             let exit = process::run_agent(
                 cmd,
                 &mut process::OpenCodeRun,
@@ -285,7 +290,8 @@ impl Worker {
             _ => process::Decision::Wait,
         };
         let (id, token) = (task.id, run.token);
-        let mut on_step = spend_recorder(self.store.clone(), id, token, self.spent(run, talk));
+        let mut on_step =
+            spend_recorder(self.store.clone(), id, token, spent_before(run.task, &talk.carried));
         let exit = process::run_agent(
             cmd,
             protocol.as_mut(),
@@ -301,13 +307,6 @@ impl Worker {
             let error = format!("could not start '{}': {e}", self.program(kind).display());
             Outcome::FailedPermanently { error, result: None }.into()
         })
-    }
-
-    /// What the task had spent before this turn: earlier runs, and this run's earlier turns.
-    fn spent(&self, run: &Run<'_>, talk: &Conversation) -> Usage {
-        let mut u = previous_usage(run.task);
-        u.add(&talk.carried);
-        u
     }
 
     fn opencode_not_found(&self) -> String {

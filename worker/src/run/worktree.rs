@@ -83,7 +83,6 @@ impl Worker {
             return Err(Outcome::Failed { error, result: None, backoff_s }.into());
         }
         let model = self.model_for(task, &spec).await;
-        let serving = self.server.is_some() && spec.kind == AgentKind::OpenCode;
         Ok(Run {
             task,
             token,
@@ -95,7 +94,6 @@ impl Worker {
             first_run,
             parent_dir,
             model,
-            serving,
             warm_server: self.server.is_some(),
             deadline: tokio::time::Instant::now()
                 + Duration::from_secs(task.timeout_s.max(1) as u64),
