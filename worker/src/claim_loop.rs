@@ -47,7 +47,7 @@ pub struct Worker {
     pub(crate) running: AtomicUsize,
     pub(crate) notifier: notify::Notifier,
     /// The warm OpenCode server, in `serve` mode.
-    pub(crate) server: Option<crate::serve::ServeAgent>,
+    pub(crate) server: Option<crate::agent::opencode_serve::ServeAgent>,
     /// Done tasks' worktrees kept for the next task of their repository (`serve` mode): the
     /// server has set itself up for those directories, which takes it over a second for a new
     /// one, most of a one-turn task.
@@ -70,15 +70,15 @@ impl Worker {
             if let Some(bridge) = &cfg.claude_bridge {
                 content = Some(with_bridge(content.as_deref(), bridge));
             }
-            match crate::serve::env_plugin(&home) {
+            match crate::agent::opencode_serve::env_plugin(&home) {
                 Ok(plugin) => content = Some(with_plugin(content.as_deref(), &plugin)),
                 // Said, not fatal: the agent's commands would see the server's password.
                 Err(e) => tracing::warn!(error = %e, "cannot write OpenCode's environment plugin"),
             }
             let mut env: Vec<(String, String)> =
                 content.map(|c| ("OPENCODE_CONFIG_CONTENT".to_owned(), c)).into_iter().collect();
-            env.extend(crate::serve::npm_retries(|k| std::env::var(k).ok()));
-            crate::serve::ServeAgent::new(cfg.opencode.clone(), env, &home, &id)
+            env.extend(crate::agent::opencode_serve::npm_retries(|k| std::env::var(k).ok()));
+            crate::agent::opencode_serve::ServeAgent::new(cfg.opencode.clone(), env, &home, &id)
         });
         Arc::new(Worker {
             store,
@@ -219,7 +219,8 @@ impl Worker {
             server.shutdown().await;
         }
         self.drop_spares(true).await;
-        let _ = std::fs::remove_file(crate::serve::spares_file(&self.home, &self.id));
+        let _ =
+            std::fs::remove_file(crate::agent::opencode_serve::spares_file(&self.home, &self.id));
         // The last tasks' webhooks get a moment to arrive, bounded so a hung one cannot keep
         // the process alive.
         self.notifier.flush(self.cfg.notify.webhook_timeout.min(Duration::from_secs(5))).await;

@@ -6,8 +6,8 @@ use crate::result;
 use queue::Task;
 
 /// The task's earlier `always` answers, as grants for the rest of the task.
-pub fn always_grants(task: &Task) -> crate::serve::Grants {
-    let mut grants = crate::serve::Grants::default();
+pub fn always_grants(task: &Task) -> crate::policy::Grants {
+    let mut grants = crate::policy::Grants::default();
     for q in &task.questions {
         let (Some(ask), Some(answer)) = (&q.ask, &q.answer) else { continue };
         let Some(p) = &ask.permission else { continue };
@@ -22,7 +22,11 @@ pub fn always_grants(task: &Task) -> crate::serve::Grants {
 /// The reply to the request the agent is blocked on. Notes that came with the answer join a
 /// question's answer (the agent reads the tool's result); an `always` is a `once` to OpenCode,
 /// whose own `always` would outlive the task, and TaskBridge approves the rest itself.
-pub fn native_reply(ask: &queue::Ask, answer: &str, notes: &[String]) -> crate::serve::Delivery {
+pub fn native_reply(
+    ask: &queue::Ask,
+    answer: &str,
+    notes: &[String],
+) -> crate::agent::opencode_serve::Delivery {
     use queue::Answer;
     let request = ask.request_id.clone().unwrap_or_default();
     let (path, body) = match ask.parse_answer(answer) {
@@ -42,9 +46,9 @@ pub fn native_reply(ask: &queue::Ask, answer: &str, notes: &[String]) -> crate::
             }
             (format!("/permission/{request}/reply"), body)
         }
-        _ => return crate::serve::Delivery::Prompt(answer_prompt(ask, answer)),
+        _ => return crate::agent::opencode_serve::Delivery::Prompt(answer_prompt(ask, answer)),
     };
-    crate::serve::Delivery::Reply { path, body }
+    crate::agent::opencode_serve::Delivery::Reply { path, body }
 }
 
 /// An answer as a new prompt in the session: the blocked request is gone (the server restarted,
@@ -231,8 +235,8 @@ fn cli_ask_permissions(task: &Task, kind: crate::agent::AgentKind) -> Vec<result
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use crate::agent::opencode_serve::Delivery;
     use crate::agent::{AgentKind, AgentSpec};
-    use crate::serve::Delivery;
     use queue::{AgentQuestion, Ask, AskKind, PermissionAsk, QuestionOption, QuestionRound};
 
     fn permission(always: &[&str]) -> Ask {

@@ -467,109 +467,167 @@ pub fn prepare_worktree(
     dir: &Path,
     pause: Option<std::time::Duration>,
 ) -> std::result::Result<Prepared, PrepareError> {
+    let repo = open_task_repo(repo_path)?;
+    let _lock = RepoLock::acquire(&repo)?;
+    let base_commit = base_commit(&repo, repo_path, base)?;
+    let mut repairs = Vec::new();
+    let dir = match reuse_own_worktree(&repo, task_id, known_branch, dir, &mut repairs)? {
+        Reuse::Ours(branch, dir) => return Ok(Prepared { branch, dir, created: false, repairs }),
+        Reuse::Make(dir) => dir,
+    };
+    let dir = dir.as_path();
+    clear_leftover_dir(&repo, &base_commit, task_id, known_branch, dir, &mut repairs)?;
+    let branch = task_branch(&repo, &base_commit, task_id, known_branch, dir, &mut repairs)?;
+    prune_stale_registrations(&repo, &branch, dir, &mut repairs)?;
+    if let Some(repair) = clear_stale_ref_lock(&repo, &branch)? {
+        repairs.push(repair);
+    }
+    add_worktree(&repo, &base_commit, &branch, dir, pause)?;
+    Ok(Prepared { branch, dir: dir.to_path_buf(), created: true, repairs })
+}
+
+/// The task's repository, or a permanent failure saying it is gone.
+fn open_task_repo(repo_path: &Path) -> std::result::Result<Repository, PrepareError> {
     if !repo_path.exists() {
         return Err(permanent(format!(
             "the repository '{}' no longer exists; restore it, or cancel the task",
             repo_path.display()
         )));
     }
-    let repo = Repository::open(repo_path).map_err(|e| {
+    Repository::open(repo_path).map_err(|e| {
         permanent(format!(
             "'{}' is no longer a git repository ({}); restore it, or cancel the task",
             repo_path.display(),
             e.message()
         ))
-    })?;
-    let _lock = RepoLock::acquire(&repo)?;
-    let base_commit = base_commit(&repo, repo_path, base)?;
-    let mut repairs = Vec::new();
-    let asked = dir;
-    let mut dir = dir.to_path_buf();
+    })
+}
 
-    if let Some(wt) = finished_worktree(&dir) {
-        let on = wt.head().ok().and_then(|h| h.shorthand().ok().map(str::to_owned));
-        // This task's own worktree: on the branch it recorded, or, before it recorded one, on a
-        // name its first run could have chosen.
-        let ours = match (&on, known_branch) {
-            (Some(on), Some(known)) => on == known,
-            (Some(on), None) => is_task_branch(on, task_id),
-            (None, _) => false,
-        };
-        if let (true, Some(branch)) = (ours, on.clone()) {
-            // A run killed while committing on the branch may have left its lock.
-            repairs.extend(clear_stale_ref_lock(&repo, &branch)?);
-            return Ok(Prepared { branch, dir, created: false, repairs });
-        }
-        // Another task's worktree (another queue's task of the same number, on this home): it
-        // is left alone, and this task steps around it.
-        dir = free_dir(asked);
-        repairs.push(format!(
-            "{} is another task's worktree (on {}); this one goes in {}",
-            asked.display(),
-            on.unwrap_or_else(|| "no branch".into()),
-            dir.display()
-        ));
-    }
-    let dir = dir.as_path();
+/// What a finished worktree at the task's directory means.
+enum Reuse {
+    /// This task's own worktree, on this branch: reused as it is.
+    Ours(String, PathBuf),
+    /// A worktree is to be made here.
+    Make(PathBuf),
+}
 
-    // A directory that is not a finished worktree: a checkout a crash cut short, or something
-    // else.
-    if dir.exists() {
-        let tree = base_commit.tree().map_err(transient)?;
-        // What its own branch holds counts as not-work too (a retry of a task that committed).
-        let own = known_branch.map_or_else(|| branch_name(task_id), str::to_owned);
-        let branch_tree = repo
-            .find_branch(&own, BranchType::Local)
-            .ok()
-            .and_then(|b| b.get().peel_to_tree().ok());
-        let clean =
-            only_base_files(dir, &tree) || branch_tree.is_some_and(|t| only_base_files(dir, &t));
-        if clean {
-            std::fs::remove_dir_all(dir)
-                .map_err(|e| transient(format!("removing {}: {e}", dir.display())))?;
-            repairs.push(format!("removed the half-made worktree {}", dir.display()));
-        } else {
-            let secs = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0);
-            let aside = PathBuf::from(format!("{}.aside-{secs}", dir.display()));
-            std::fs::rename(dir, &aside).map_err(|e| {
-                transient(format!("moving {} to {}: {e}", dir.display(), aside.display()))
-            })?;
-            repairs.push(format!(
-                "{} was not a usable worktree but held files of its own; kept them at {}",
-                dir.display(),
-                aside.display()
-            ));
-        }
-    }
-
-    let mut branch = match known_branch {
-        Some(b) => b.to_owned(),
-        None => free_branch(&repo, task_id, &base_commit)?,
+/// Reuses the task's own worktree at `asked`; steps around another task's there.
+fn reuse_own_worktree(
+    repo: &Repository,
+    task_id: i64,
+    known_branch: Option<&str>,
+    asked: &Path,
+    repairs: &mut Vec<String>,
+) -> std::result::Result<Reuse, PrepareError> {
+    let Some(wt) = finished_worktree(asked) else { return Ok(Reuse::Make(asked.to_path_buf())) };
+    let on = wt.head().ok().and_then(|h| h.shorthand().ok().map(str::to_owned));
+    // This task's own worktree: on the branch it recorded, or, before it recorded one, on a
+    // name its first run could have chosen.
+    let ours = match (&on, known_branch) {
+        (Some(on), Some(known)) => on == known,
+        (Some(on), None) => is_task_branch(on, task_id),
+        (None, _) => false,
     };
-    // The task's branch checked out in a live worktree elsewhere (another home's, whose worker
-    // stopped with the task running): that worktree is not ours to remove, so this attempt
-    // starts afresh on a branch of its own.
-    let held = format!("refs/heads/{branch}");
-    if let Some(other) = registrations(&repo).into_iter().find(|r| {
-        r.head.as_deref() == Some(held.as_str()) && !same_path(&r.path, dir) && opens(&r.path)
-    }) {
-        let fresh = free_branch(&repo, task_id, &base_commit)?;
-        repairs.push(format!(
-            "branch {branch} is checked out in another worktree at '{}'; this attempt starts \
-             afresh on {fresh}",
-            other.path.display()
-        ));
-        branch = fresh;
+    if let (true, Some(branch)) = (ours, on.clone()) {
+        // A run killed while committing on the branch may have left its lock.
+        repairs.extend(clear_stale_ref_lock(repo, &branch)?);
+        return Ok(Reuse::Ours(branch, asked.to_path_buf()));
     }
-    // Registrations that point at our directory, that hold our branch, or that take the name
-    // ours gets, in a directory that is gone (or was never made: a kill inside `worktree add`),
-    // are stale: only the registration is removed (the directory was dealt with above).
+    // Another task's worktree (another queue's task of the same number, on this home): it is
+    // left alone, and this task steps around it.
+    let dir = free_dir(asked);
+    repairs.push(format!(
+        "{} is another task's worktree (on {}); this one goes in {}",
+        asked.display(),
+        on.unwrap_or_else(|| "no branch".into()),
+        dir.display()
+    ));
+    Ok(Reuse::Make(dir))
+}
+
+/// A directory that is not a finished worktree (a checkout a crash cut short, or something
+/// else) is removed when it holds only the base's files (or its branch's), else moved aside.
+fn clear_leftover_dir(
+    repo: &Repository,
+    base_commit: &git2::Commit<'_>,
+    task_id: i64,
+    known_branch: Option<&str>,
+    dir: &Path,
+    repairs: &mut Vec<String>,
+) -> std::result::Result<(), PrepareError> {
+    if !dir.exists() {
+        return Ok(());
+    }
+    let tree = base_commit.tree().map_err(transient)?;
+    // What its own branch holds counts as not-work too (a retry of a task that committed).
+    let own = known_branch.map_or_else(|| branch_name(task_id), str::to_owned);
+    let branch_tree =
+        repo.find_branch(&own, BranchType::Local).ok().and_then(|b| b.get().peel_to_tree().ok());
+    let clean =
+        only_base_files(dir, &tree) || branch_tree.is_some_and(|t| only_base_files(dir, &t));
+    if clean {
+        std::fs::remove_dir_all(dir)
+            .map_err(|e| transient(format!("removing {}: {e}", dir.display())))?;
+        repairs.push(format!("removed the half-made worktree {}", dir.display()));
+        return Ok(());
+    }
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let aside = PathBuf::from(format!("{}.aside-{secs}", dir.display()));
+    std::fs::rename(dir, &aside)
+        .map_err(|e| transient(format!("moving {} to {}: {e}", dir.display(), aside.display())))?;
+    repairs.push(format!(
+        "{} was not a usable worktree but held files of its own; kept them at {}",
+        dir.display(),
+        aside.display()
+    ));
+    Ok(())
+}
+
+/// The branch the task's worktree is on: the one it recorded, or a free name; a fresh one
+/// when its own is checked out in a live worktree elsewhere (another home's, whose worker
+/// stopped with the task running), which is not ours to remove.
+fn task_branch(
+    repo: &Repository,
+    base_commit: &git2::Commit<'_>,
+    task_id: i64,
+    known_branch: Option<&str>,
+    dir: &Path,
+    repairs: &mut Vec<String>,
+) -> std::result::Result<String, PrepareError> {
+    let branch = match known_branch {
+        Some(b) => b.to_owned(),
+        None => free_branch(repo, task_id, base_commit)?,
+    };
+    let held = format!("refs/heads/{branch}");
+    let Some(other) = registrations(repo).into_iter().find(|r| {
+        r.head.as_deref() == Some(held.as_str()) && !same_path(&r.path, dir) && opens(&r.path)
+    }) else {
+        return Ok(branch);
+    };
+    let fresh = free_branch(repo, task_id, base_commit)?;
+    repairs.push(format!(
+        "branch {branch} is checked out in another worktree at '{}'; this attempt starts afresh \
+         on {fresh}",
+        other.path.display()
+    ));
+    Ok(fresh)
+}
+
+/// Registrations that point at our directory, that hold our branch, or that take the name ours
+/// gets, in a directory that is gone (or was never made: a kill inside `worktree add`), are
+/// stale: only the registration is removed (the directory was dealt with before).
+fn prune_stale_registrations(
+    repo: &Repository,
+    branch: &str,
+    dir: &Path,
+    repairs: &mut Vec<String>,
+) -> std::result::Result<(), PrepareError> {
     let ours = format!("refs/heads/{branch}");
-    let wanted_name = worktree_name(&branch);
-    for reg in registrations(&repo) {
+    let wanted_name = worktree_name(branch);
+    for reg in registrations(repo) {
         let at_dir = !reg.path.as_os_str().is_empty() && same_path(&reg.path, dir);
         let holds_branch = reg.head.as_deref() == Some(ours.as_str());
         let takes_name = reg.name == wanted_name;
@@ -581,7 +639,7 @@ pub fn prepare_worktree(
             continue;
         }
         if !at_dir && opens(&reg.path) {
-            // Stepped around above; a registration that appeared since is left alone too.
+            // Stepped around before; a registration that appeared since is left alone too.
             return Err(transient(format!(
                 "branch {branch} was checked out in another worktree at '{}' just now",
                 reg.path.display()
@@ -602,13 +660,21 @@ pub fn prepare_worktree(
         }
         repairs.push(format!("removed the stale worktree registration '{}'", reg.name));
     }
+    Ok(())
+}
 
-    if let Some(repair) = clear_stale_ref_lock(&repo, &branch)? {
-        repairs.push(repair);
-    }
-    let reference = match repo.find_branch(&branch, BranchType::Local) {
+/// Makes the worktree at `dir` on `branch` (created at the base when new), under the first free
+/// registration name.
+fn add_worktree(
+    repo: &Repository,
+    base_commit: &git2::Commit<'_>,
+    branch: &str,
+    dir: &Path,
+    pause: Option<std::time::Duration>,
+) -> std::result::Result<(), PrepareError> {
+    let reference = match repo.find_branch(branch, BranchType::Local) {
         Ok(b) => b.into_reference(),
-        Err(_) => repo.branch(&branch, &base_commit, false).map_err(transient)?.into_reference(),
+        Err(_) => repo.branch(branch, base_commit, false).map_err(transient)?.into_reference(),
     };
     if let Some(parent) = dir.parent() {
         std::fs::create_dir_all(parent)
@@ -617,6 +683,7 @@ pub fn prepare_worktree(
     if let Some(p) = pause {
         std::thread::sleep(p);
     }
+    let wanted_name = worktree_name(branch);
     let admin = repo.commondir().join("worktrees");
     let name = (1u32..)
         .map(|k| if k == 1 { wanted_name.clone() } else { format!("{wanted_name}-{k}") })
@@ -624,7 +691,7 @@ pub fn prepare_worktree(
         .unwrap_or(wanted_name);
     repo.worktree(&name, dir, Some(WorktreeAddOptions::new().reference(Some(&reference))))
         .map_err(transient)?;
-    Ok(Prepared { branch, dir: dir.to_path_buf(), created: true, repairs })
+    Ok(())
 }
 
 /// The text of the file at `path` in `commit`'s tree; `None` when the commit has no such file.

@@ -140,10 +140,10 @@ impl Worker {
         let alive: Vec<String> = workers
             .iter()
             .filter(|w| w.host == self.host && !w.stopped && process::pid_alive(w.pid))
-            .map(|w| crate::serve::server_file_name(&w.id))
+            .map(|w| crate::agent::opencode_serve::server_file_name(&w.id))
             .collect();
-        let me = crate::serve::server_file_name(&self.id);
-        crate::serve::kill_orphaned_servers(&self.home, |name| {
+        let me = crate::agent::opencode_serve::server_file_name(&self.id);
+        crate::agent::opencode_serve::kill_orphaned_servers(&self.home, |name| {
             name == me || alive.iter().any(|a| a == name)
         });
         for w in workers {
@@ -263,7 +263,7 @@ impl Worker {
                     .collect()
             })
             .unwrap_or_default();
-        let path = crate::serve::spares_file(&self.home, &self.id);
+        let path = crate::agent::opencode_serve::spares_file(&self.home, &self.id);
         let _ = std::fs::write(path, serde_json::Value::Array(list).to_string());
     }
 }

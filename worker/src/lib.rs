@@ -8,10 +8,13 @@
 //!   agent's turns with their checks and budgets, each turn's assessment, finish);
 //! - configuration (`config.rs`: the worker's, a repository's `.taskbridge.toml`, the host's
 //!   name; `opencode_config.rs`: what TaskBridge gives the OpenCode it runs);
-//! - the agents behind one interface ([`agent`]): OpenCode's warm server (`serve.rs`) or
-//!   `opencode run`, Claude Code (`claude.rs`) and Codex (`codex.rs`), their event streams
-//!   (`events.rs`), decisions (`decisions.rs`), failures explained (`diagnose.rs`), the models
-//!   they offer ([`models`]) and process supervision ([`process`]);
+//! - the agents behind one interface ([`agent`]: `AgentProtocol`, capabilities, programs):
+//!   OpenCode's warm server (`agent/opencode_serve/`: the server, its routes, its event stream,
+//!   parked requests) or `opencode run` (`agent/opencode_run.rs`), Claude Code
+//!   (`agent/claude.rs`) and Codex (`agent/codex.rs`); their event streams (`events.rs`), the
+//!   permission policy they all meet (`policy.rs`: the task's rules, grants, wildcards, the
+//!   decision on a tool call), answers and reports (`decisions.rs`), failures explained
+//!   (`diagnose.rs`), the models they offer ([`models`]) and process supervision ([`process`]);
 //! - git ([`git`]: worktrees, stacking, commits, diffs; `merge.rs`; `remote.rs`: the remote that
 //!   lets workers on several hosts share a repository, and their mirrors of it);
 //! - the checks of `[verify]` (`verify.rs`), the structured result (`result.rs`), task log files
@@ -26,9 +29,7 @@
 
 pub mod agent;
 mod claim_loop;
-mod claude;
 mod clear;
-mod codex;
 mod config;
 mod decisions;
 mod diagnose;
@@ -41,11 +42,11 @@ mod merge;
 pub mod models;
 mod notify;
 mod opencode_config;
+mod policy;
 pub mod process;
 mod remote;
 mod result;
 mod run;
-mod serve;
 pub mod service;
 mod submit;
 mod verify;

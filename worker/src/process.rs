@@ -1,8 +1,10 @@
 //! Running an agent as the leader of its own process group, reading its event stream as it
 //! arrives, and stopping the whole group on cancel, timeout or a lost lease.
 
-use crate::events::{AgentError, AgentEvent, RunLog};
+use crate::agent::AgentProtocol;
+use crate::events::{AgentEvent, RunLog};
 use crate::logs::TaskLog;
+use crate::policy::Decision;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use serde_json::Value;
@@ -206,59 +208,6 @@ impl ProcessTree {
     }
 }
 
-/// How an agent's process talks: its stdout lines as events, and, for an agent with a control
-/// channel on stdin, how an answer to one of its requests is written there.
-pub trait AgentProtocol: Send {
-    /// The events one stdout line carries, or `None` when the line is not the agent's format.
-    fn events(&mut self, line: &str) -> Option<Vec<AgentEvent>>;
-    /// Events in a stderr line (OpenCode's log names the model it used).
-    fn stderr(&mut self, _line: &str) -> Vec<AgentEvent> {
-        Vec::new()
-    }
-    /// Whether stdin stays open after the prompt, for answers and the agent's own framing.
-    fn keeps_input_open(&self) -> bool {
-        false
-    }
-    /// The line that answers request `request` on stdin.
-    fn answer(&self, _request: &str, _decision: &Decision) -> Option<String> {
-        None
-    }
-    /// Whether this event ends the agent's input (its turn is over: close stdin so it exits).
-    fn ends_input(&self, ev: &AgentEvent) -> bool {
-        matches!(ev, AgentEvent::TurnFinished)
-    }
-    /// Whether this error means the agent will only retry in vain (it would never exit): the
-    /// run is stopped at the first such error.
-    fn is_fatal(&self, _error: &AgentError) -> bool {
-        false
-    }
-}
-
-/// What the supervisor answers to a request the agent made over its control channel.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Decision {
-    /// Go on, with the tool call's input (a question's answers added to it, say).
-    Allow { input: Value },
-    /// Refused, with the reason the agent reads.
-    Deny { message: String },
-    /// Nobody here can decide: the run stops and the task waits for an answer.
-    Wait,
-}
-
-/// `opencode run --format json`: events on stdout, the prompt on stdin read to EOF.
-pub struct OpenCodeRun;
-
-impl AgentProtocol for OpenCodeRun {
-    fn events(&mut self, line: &str) -> Option<Vec<AgentEvent>> {
-        crate::events::opencode_events(line)
-    }
-    fn stderr(&mut self, line: &str) -> Vec<AgentEvent> {
-        let mut seen = RunLog::default();
-        seen.ingest_stderr(line);
-        seen.model_seen.map(AgentEvent::Model).into_iter().collect()
-    }
-}
-
 /// Spawns the agent, feeds it `stdin` (and closes it, unless the protocol keeps it open for
 /// answers), and reads its events until it exits or `stop` says otherwise. A request the agent
 /// makes over its control channel goes to `decide`: answered on stdin, or, when it must wait for
@@ -276,109 +225,30 @@ pub async fn run_agent(
     on_spawn: impl FnOnce(i64, Option<String>),
     on_step: &mut (dyn FnMut(&RunLog) + Send),
 ) -> std::io::Result<AgentExit> {
-    let mut child = Command::new(&cmd.program);
-    for var in SECRET_ENV {
-        child.env_remove(var);
-    }
-    let mut child = child
-        .args(&cmd.args)
-        .current_dir(&cmd.cwd)
-        // OpenCode takes its project directory from PWD, not from the real cwd: without this it
-        // would work in the worker's directory instead of the task's worktree.
-        .env("PWD", &cmd.cwd)
-        .envs(cmd.env.iter().map(|(k, v)| (k, v)))
-        .process_group(0)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()?;
+    let mut child = spawn(&cmd)?;
     let pid = child.id().map(i64::from).unwrap_or(0);
     on_spawn(pid, process_start_time(pid));
     let mut tree = ProcessTree::new(i32::try_from(pid).unwrap_or(0));
     let mut scan = tokio::time::interval(Duration::from_millis(500));
-
-    // Everything for stdin goes through one writer task, so a prompt larger than the pipe never
-    // blocks reading the agent's output; dropping the sender closes the agent's stdin.
-    let (in_tx, mut in_rx) = mpsc::unbounded_channel::<String>();
-    if let Some(mut stdin) = child.stdin.take() {
-        tokio::spawn(async move {
-            while let Some(chunk) = in_rx.recv().await {
-                if stdin.write_all(chunk.as_bytes()).await.is_err() {
-                    break;
-                }
-                let _ = stdin.flush().await;
-            }
-            let _ = stdin.shutdown().await;
-        });
-    }
-    let _ = in_tx.send(cmd.stdin);
-    let mut input = protocol.keeps_input_open().then_some(in_tx);
-    let (err_tx, mut err_rx) = mpsc::unbounded_channel::<String>();
-    if let Some(stderr) = child.stderr.take() {
-        tokio::spawn(async move {
-            let mut lines = BufReader::new(stderr).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                if err_tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-    }
-    let mut run = RunLog::default();
+    let in_tx = stdin_writer(&mut child, cmd.stdin);
+    let mut err_rx = stderr_lines(&mut child);
+    let mut reading = Reading {
+        run: RunLog::default(),
+        waiting: None,
+        fatal: false,
+        input: protocol.keeps_input_open().then_some(in_tx),
+    };
     let mut tail: VecDeque<String> = VecDeque::new();
     let mut stopped = None;
-    let mut waiting = None;
-    let mut fatal = false;
     let mut stdout = child.stdout.take().map(|s| BufReader::new(s).lines());
     let mut stderr_open = true;
-    'read: loop {
+    loop {
         tokio::select! {
             line = async { match stdout.as_mut() { Some(l) => l.next_line().await, None => std::future::pending().await } } => {
                 match line {
                     Ok(Some(line)) => {
-                        log.raw(&line);
-                        let Some(events) = protocol.events(&line) else {
-                            log.line(&format!("(not the agent's format) {line}"));
-                            continue;
-                        };
-                        run.events += 1;
-                        for ev in events {
-                            let close = protocol.ends_input(&ev);
-                            if let AgentEvent::Decision { request, ask, input: tool_input } = &ev {
-                                let decision = decide(ask, tool_input);
-                                match (&decision, protocol.answer(request, &decision)) {
-                                    (Decision::Wait, _) => {
-                                        log.line(&format!("the agent waits for a decision: {}", brief(ask)));
-                                        waiting = Some(ask.clone());
-                                    }
-                                    (d, Some(reply)) => {
-                                        log.line(&match d {
-                                            Decision::Deny { message } => format!("denied {}: {message}", brief(ask)),
-                                            _ => format!("allowed {}", brief(ask)),
-                                        });
-                                        if let Some(tx) = &input {
-                                            let _ = tx.send(format!("{reply}\n"));
-                                        }
-                                    }
-                                    (_, None) => {}
-                                }
-                            }
-                            if let AgentEvent::Error(e) = &ev {
-                                fatal |= protocol.is_fatal(e);
-                            }
-                            let steps = run.usage.steps;
-                            if let Some(text) = run.apply(ev) {
-                                log.line(&text);
-                            }
-                            if run.usage.steps != steps {
-                                on_step(&run);
-                            }
-                            if close {
-                                input = None;
-                            }
-                            if waiting.is_some() || fatal {
-                                break 'read;
-                            }
+                        if reading.line(&line, protocol, decide, log, on_step) {
+                            break;
                         }
                     }
                     _ => stdout = None,
@@ -388,7 +258,7 @@ pub async fn run_agent(
                 Some(line) => {
                     log.line(&format!("stderr: {line}"));
                     for ev in protocol.stderr(&line) {
-                        run.apply(ev);
+                        reading.run.apply(ev);
                     }
                     if tail.len() == 20 {
                         tail.pop_front();
@@ -414,14 +284,172 @@ pub async fn run_agent(
             break;
         }
     }
-    // Stdin stays open until the agent has exited: Claude Code takes the end of its input as a
-    // refusal of the request it waits on, and would ask its model again before the signal lands.
+    let Reading { run, waiting, fatal, input } = reading;
     let why = match (stopped, &waiting, fatal) {
         (Some(reason), _, _) => Some(format!("{reason:?}")),
         (None, Some(_), _) => Some("it waits for a decision".to_owned()),
         (None, None, true) => Some("its error will not go away by retrying".to_owned()),
         _ => None,
     };
+    let status = end(&mut child, &mut tree, why, input, log).await?;
+    Ok(AgentExit {
+        exit_code: status.code(),
+        stopped,
+        stderr_tail: tail.into_iter().collect::<Vec<_>>().join("\n"),
+        run,
+        waiting,
+    })
+}
+
+/// The agent's process, in a process group of its own, without TaskBridge's secrets.
+fn spawn(cmd: &AgentCommand) -> std::io::Result<tokio::process::Child> {
+    let mut child = Command::new(&cmd.program);
+    for var in SECRET_ENV {
+        child.env_remove(var);
+    }
+    child
+        .args(&cmd.args)
+        .current_dir(&cmd.cwd)
+        // OpenCode takes its project directory from PWD, not from the real cwd: without this it
+        // would work in the worker's directory instead of the task's worktree.
+        .env("PWD", &cmd.cwd)
+        .envs(cmd.env.iter().map(|(k, v)| (k, v)))
+        .process_group(0)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+}
+
+/// Everything for stdin goes through one writer task, so a prompt larger than the pipe never
+/// blocks reading the agent's output; dropping the sender closes the agent's stdin. `first` is
+/// written first.
+fn stdin_writer(child: &mut tokio::process::Child, first: String) -> mpsc::UnboundedSender<String> {
+    let (in_tx, mut in_rx) = mpsc::unbounded_channel::<String>();
+    if let Some(mut stdin) = child.stdin.take() {
+        tokio::spawn(async move {
+            while let Some(chunk) = in_rx.recv().await {
+                if stdin.write_all(chunk.as_bytes()).await.is_err() {
+                    break;
+                }
+                let _ = stdin.flush().await;
+            }
+            let _ = stdin.shutdown().await;
+        });
+    }
+    let _ = in_tx.send(first);
+    in_tx
+}
+
+/// The agent's stderr, a line at a time.
+fn stderr_lines(child: &mut tokio::process::Child) -> mpsc::UnboundedReceiver<String> {
+    let (err_tx, err_rx) = mpsc::unbounded_channel::<String>();
+    if let Some(stderr) = child.stderr.take() {
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stderr).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                if err_tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+    }
+    err_rx
+}
+
+/// What the agent's stdout has said so far.
+struct Reading {
+    run: RunLog,
+    waiting: Option<queue::Ask>,
+    /// An error the agent would only retry in vain.
+    fatal: bool,
+    /// The agent's stdin, while its protocol keeps it open for answers.
+    input: Option<mpsc::UnboundedSender<String>>,
+}
+
+impl Reading {
+    /// Folds one stdout line into the run, answering the agent's requests on the way; whether
+    /// reading ends here (the agent waits for a decision, or failed for good).
+    fn line(
+        &mut self,
+        line: &str,
+        protocol: &mut dyn AgentProtocol,
+        decide: &mut (dyn FnMut(&queue::Ask, &Value) -> Decision + Send),
+        log: &mut TaskLog,
+        on_step: &mut (dyn FnMut(&RunLog) + Send),
+    ) -> bool {
+        log.raw(line);
+        let Some(events) = protocol.events(line) else {
+            log.line(&format!("(not the agent's format) {line}"));
+            return false;
+        };
+        self.run.events += 1;
+        for ev in events {
+            let close = protocol.ends_input(&ev);
+            if let AgentEvent::Decision { request, ask, input } = &ev {
+                self.decision(request, ask, input, protocol, decide, log);
+            }
+            if let AgentEvent::Error(e) = &ev {
+                self.fatal |= protocol.is_fatal(e);
+            }
+            let steps = self.run.usage.steps;
+            if let Some(text) = self.run.apply(ev) {
+                log.line(&text);
+            }
+            if self.run.usage.steps != steps {
+                on_step(&self.run);
+            }
+            if close {
+                self.input = None;
+            }
+            if self.waiting.is_some() || self.fatal {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// A request the agent made over its control channel: answered on stdin, or waited on.
+    fn decision(
+        &mut self,
+        request: &str,
+        ask: &queue::Ask,
+        tool_input: &Value,
+        protocol: &mut dyn AgentProtocol,
+        decide: &mut (dyn FnMut(&queue::Ask, &Value) -> Decision + Send),
+        log: &mut TaskLog,
+    ) {
+        let decision = decide(ask, tool_input);
+        match (&decision, protocol.answer(request, &decision)) {
+            (Decision::Wait, _) => {
+                log.line(&format!("the agent waits for a decision: {}", brief(ask)));
+                self.waiting = Some(ask.clone());
+            }
+            (d, Some(reply)) => {
+                log.line(&match d {
+                    Decision::Deny { message } => format!("denied {}: {message}", brief(ask)),
+                    _ => format!("allowed {}", brief(ask)),
+                });
+                if let Some(tx) = &self.input {
+                    let _ = tx.send(format!("{reply}\n"));
+                }
+            }
+            (_, None) => {}
+        }
+    }
+}
+
+/// Waits for the agent to exit, stopping it first (SIGTERM, SIGKILL after [`KILL_GRACE`]) when
+/// there is a reason `why`; then kills whatever it left running.
+async fn end(
+    child: &mut tokio::process::Child,
+    tree: &mut ProcessTree,
+    why: Option<String>,
+    mut input: Option<mpsc::UnboundedSender<String>>,
+    log: &mut TaskLog,
+) -> std::io::Result<std::process::ExitStatus> {
+    // Stdin stays open until the agent has exited: Claude Code takes the end of its input as a
+    // refusal of the request it waits on, and would ask its model again before the signal lands.
     let status = if let Some(why) = why {
         log.line(&format!("stopping the agent ({why}): SIGTERM to its processes"));
         tree.refresh();
@@ -444,13 +472,7 @@ pub async fn run_agent(
     // Anything the agent left running (servers, watchers, detached commands) goes with it.
     tree.refresh();
     tree.signal(Signal::SIGKILL);
-    Ok(AgentExit {
-        exit_code: status.code(),
-        stopped,
-        stderr_tail: tail.into_iter().collect::<Vec<_>>().join("\n"),
-        run,
-        waiting,
-    })
+    Ok(status)
 }
 
 /// A decision in a few words, for the log: the permission and what it is for, or the question.

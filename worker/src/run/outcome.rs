@@ -48,8 +48,8 @@ pub(super) fn assess(exit: &AgentExit, run: &Run<'_>, rejected: Option<&str>) ->
         // Stopped to wait for a decision: not a failure.
         None if exit.waiting.is_some() && exit.run.error_detail.is_none() => None,
         None => match (&exit.run.error_detail, exit.exit_code, run.spec.kind) {
-            (Some(e), _, AgentKind::ClaudeCode) => Some(crate::claude::diagnose(e, model)),
-            (Some(e), _, AgentKind::Codex) => Some(crate::codex::diagnose(e, model)),
+            (Some(e), _, AgentKind::ClaudeCode) => Some(crate::agent::claude::diagnose(e, model)),
+            (Some(e), _, AgentKind::Codex) => Some(crate::agent::codex::diagnose(e, model)),
             (Some(e), _, AgentKind::OpenCode) => {
                 let used =
                     ModelUsed { requested: run.model.clone(), seen: exit.run.model_seen.clone() };
@@ -277,8 +277,8 @@ mod tests {
         for kind in [AgentKind::ClaudeCode, AgentKind::Codex] {
             let run = run_of(&task, kind);
             let want = match kind {
-                AgentKind::ClaudeCode => crate::claude::diagnose(&e, run.model.as_deref()),
-                _ => crate::codex::diagnose(&e, run.model.as_deref()),
+                AgentKind::ClaudeCode => crate::agent::claude::diagnose(&e, run.model.as_deref()),
+                _ => crate::agent::codex::diagnose(&e, run.model.as_deref()),
             };
             assert_eq!(failed(assess(&errored, &run, None)), want, "{kind:?}");
         }

@@ -110,7 +110,7 @@ impl Conversation {
                 Some(ask) => format!("{}{notes}", crate::decisions::answer_prompt(ask, &r.answer)),
                 None => format!("{RESUME}{}{notes}", r.answer),
             },
-            None if interrupted => format!("{}{notes}", crate::serve::INTERRUPTED),
+            None if interrupted => format!("{}{notes}", crate::agent::opencode_serve::INTERRUPTED),
             None if followup && followup_session.is_none() => {
                 without_session.clone().unwrap_or_default()
             }
@@ -345,7 +345,7 @@ mod tests {
         task.session_id = Some("ses_before".into());
         let run = run_of(&task, AgentKind::OpenCode);
         let talk = Conversation::new(&run, None, &[], &cfg());
-        assert_eq!(talk.prompt, crate::serve::INTERRUPTED);
+        assert_eq!(talk.prompt, crate::agent::opencode_serve::INTERRUPTED);
         assert_eq!(talk.session(&task).as_deref(), Some("ses_before"));
         let alone = talk.without_session.clone().unwrap();
         assert!(alone.starts_with(PREAMBLE) && alone.contains("# Task 1: t"), "{alone}");
@@ -388,7 +388,10 @@ mod tests {
         // Not its first run: a retry of the follow-up goes on as an interrupted run.
         let mut retry = run_of(&task, AgentKind::OpenCode);
         retry.first_run = false;
-        assert_eq!(Conversation::new(&retry, None, &[], &cfg()).prompt, crate::serve::INTERRUPTED);
+        assert_eq!(
+            Conversation::new(&retry, None, &[], &cfg()).prompt,
+            crate::agent::opencode_serve::INTERRUPTED
+        );
     }
 
     #[test]

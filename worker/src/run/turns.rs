@@ -9,13 +9,13 @@ use super::outcome;
 use super::prompt::{Conversation, exit_status, notes_section};
 use super::{Run, Stage, previous_usage, spent_before, to_json};
 use crate::agent::AgentKind;
+use crate::agent::opencode_serve::{Control, Delivery, Progress, ServeAgent};
 use crate::claim_loop::Worker;
 use crate::config::RepoConfig;
 use crate::events::{RunLog, Usage};
 use crate::logs::TaskLog;
 use crate::process::{self, AgentCommand, AgentExit, StopReason};
 use crate::result::{Check, TaskResult};
-use crate::serve::{Control, Delivery, Progress, ServeAgent};
 use queue::{Outcome, RunFacts, Store, TaskId};
 use std::path::Path;
 use std::sync::Arc;
@@ -121,7 +121,7 @@ impl Worker {
             grants.once.push(approved);
         }
         let session = talk.session(task);
-        let turn = crate::serve::Turn {
+        let turn = crate::agent::opencode_serve::Turn {
             task,
             dir: &run.dir,
             delivery,
@@ -199,7 +199,7 @@ impl Worker {
                 stdin: talk.prompt.clone(),
             };
             log.line(&format!("$ {} {}", program.display(), shell_words(&talk.args)));
-            let mut never = |_: &queue::Ask, _: &serde_json::Value| process::Decision::Wait;
+            let mut never = |_: &queue::Ask, _: &serde_json::Value| crate::policy::Decision::Wait;
             let mut on_step = spend_recorder(
                 self.store.clone(),
                 id,
@@ -208,7 +208,7 @@ impl Worker {
             );
             let exit = process::run_agent(
                 cmd,
-                &mut process::OpenCodeRun,
+                &mut crate::agent::opencode_run::OpenCodeRun,
                 &mut never,
                 log,
                 stop.clone(),
@@ -259,35 +259,35 @@ impl Worker {
         if let Some(missing) = kind.missing(&program) {
             return Err(Outcome::FailedPermanently { error: missing, result: None }.into());
         }
-        let (args, stdin, mut protocol): (_, _, Box<dyn process::AgentProtocol>) = match kind {
+        let (args, stdin, mut protocol): (_, _, Box<dyn crate::agent::AgentProtocol>) = match kind {
             AgentKind::ClaudeCode => {
                 if let Some(s) = &session {
-                    crate::claude::carry_session(s, dir);
+                    crate::agent::claude::carry_session(s, dir);
                 }
                 (
-                    crate::claude::args(task, model, session.as_deref()),
-                    crate::claude::prompt_line(&talk.prompt),
-                    Box::new(crate::claude::ClaudeStream::default()),
+                    crate::agent::claude::args(task, model, session.as_deref()),
+                    crate::agent::claude::prompt_line(&talk.prompt),
+                    Box::new(crate::agent::claude::ClaudeStream::default()),
                 )
             }
             _ => (
-                crate::codex::args(task, model, session.as_deref()),
+                crate::agent::codex::args(task, model, session.as_deref()),
                 talk.prompt.clone(),
-                Box::new(crate::codex::CodexStream),
+                Box::new(crate::agent::codex::CodexStream),
             ),
         };
         log.line(&format!("$ {} {}", program.display(), shell_words(&args)));
         let cmd = AgentCommand { program, args, env: vec![], cwd: dir.to_path_buf(), stdin };
         let mut decide = |ask: &queue::Ask, input: &serde_json::Value| match &ask.permission {
             Some(p) if ask.kind == queue::AskKind::Permission => {
-                let tool = crate::agent::ToolUse {
+                let tool = crate::policy::ToolUse {
                     permission: p.permission.clone(),
                     pattern: p.patterns.first().cloned().unwrap_or_default(),
                 };
-                crate::agent::decide(task, dir, &mut grants, &tool, input)
+                crate::policy::decide(task, dir, &mut grants, &tool, input)
             }
             // The agent's own question: the planner or a person answers it.
-            _ => process::Decision::Wait,
+            _ => crate::policy::Decision::Wait,
         };
         let (id, token) = (task.id, run.token);
         let mut on_step =

@@ -6,8 +6,8 @@
 //! task; `workspace-write`, which has no network, otherwise), and the result says which of the
 //! task's rules could not hold. It reports tokens, never a cost.
 
+use crate::agent::AgentProtocol;
 use crate::events::{AgentError, AgentEvent, ToolCall, Usage};
-use crate::process::AgentProtocol;
 use serde_json::Value;
 
 /// The arguments of one turn, the prompt read from stdin (`-`).

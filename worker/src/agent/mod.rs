@@ -5,17 +5,49 @@
 //! permissions, and its stream is read into [`crate::events::AgentEvent`]s (session, text, tool
 //! calls with their command or path and exit status, usage, decisions, turn end, errors) that
 //! [`crate::events::RunLog`] adds up the same way for all of them. OpenCode runs on its warm
-//! server ([`crate::serve`]) or `opencode run`; Claude Code ([`crate::claude`]) and Codex
-//! ([`crate::codex`]) run as a process per turn, resumed by session id for answers and
+//! server ([`opencode_serve`]) or `opencode run`; Claude Code ([`claude`]) and Codex
+//! ([`codex`]) run as a process per turn, resumed by session id for answers and
 //! follow-ups. Where an agent cannot do something natively, the result says what held instead
 //! ([`Capabilities`], `TaskResult::agent`).
 
-use crate::process::Decision;
-use crate::serve::Grants;
-use queue::{Ask, PermissionAsk, Task};
+pub(crate) mod claude;
+pub(crate) mod codex;
+pub(crate) mod opencode_run;
+pub(crate) mod opencode_serve;
+
+use crate::events::{AgentError, AgentEvent};
+use crate::policy::Decision;
+use queue::Task;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use std::path::{Path, PathBuf};
+
+/// How an agent's process talks: its stdout lines as events, and, for an agent with a control
+/// channel on stdin, how an answer to one of its requests is written there.
+pub trait AgentProtocol: Send {
+    /// The events one stdout line carries, or `None` when the line is not the agent's format.
+    fn events(&mut self, line: &str) -> Option<Vec<AgentEvent>>;
+    /// Events in a stderr line (OpenCode's log names the model it used).
+    fn stderr(&mut self, _line: &str) -> Vec<AgentEvent> {
+        Vec::new()
+    }
+    /// Whether stdin stays open after the prompt, for answers and the agent's own framing.
+    fn keeps_input_open(&self) -> bool {
+        false
+    }
+    /// The line that answers request `request` on stdin.
+    fn answer(&self, _request: &str, _decision: &Decision) -> Option<String> {
+        None
+    }
+    /// Whether this event ends the agent's input (its turn is over: close stdin so it exits).
+    fn ends_input(&self, ev: &AgentEvent) -> bool {
+        matches!(ev, AgentEvent::TurnFinished)
+    }
+    /// Whether this error means the agent will only retry in vain (it would never exit): the
+    /// run is stopped at the first such error.
+    fn is_fatal(&self, _error: &AgentError) -> bool {
+        false
+    }
+}
 
 /// The pinned versions `.ci/run` tests against, and the install commands named to users.
 pub const OPENCODE_TESTED: &str = "1.18.33";
@@ -211,82 +243,6 @@ pub fn model_for(kind: AgentKind, model: &str) -> String {
     }
 }
 
-/// A tool call, as the permission it needs in TaskBridge's vocabulary (OpenCode's: `bash`,
-/// `edit`, `read`, `webfetch`, ...) and the pattern the task's rules are matched against.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ToolUse {
-    pub permission: String,
-    pub pattern: String,
-}
-
-/// Decides a tool call the way OpenCode's server does for the task's rules: a change outside
-/// the task's worktree `dir` and the flags' denies first (no `ask` rule loosens them), then the
-/// task's `ask` rules, which wait for an answer unless an earlier answer granted it; everything
-/// else is allowed (the worktree is the task's).
-pub fn decide(
-    task: &Task,
-    dir: &Path,
-    grants: &mut Grants,
-    tool: &ToolUse,
-    input: &Value,
-) -> Decision {
-    let denied = match tool.permission.as_str() {
-        "edit" if outside(dir, &tool.pattern) => {
-            Some("it changes a file outside the task's worktree; work in the worktree")
-        }
-        "edit" if task.readonly => Some("this task is read-only: it may not change files"),
-        "bash" if task.no_shell => Some("this task may not run shell commands"),
-        "webfetch" | "websearch" if task.no_network => Some("this task may not use the network"),
-        _ => None,
-    };
-    if let Some(why) = denied {
-        return Decision::Deny { message: format!("TaskBridge denied this: {why}.") };
-    }
-    let asks =
-        task.ask_rules.iter().filter_map(|r| queue::parse_ask_rule(r).ok()).any(|(p, glob)| {
-            (p == "*" || p == tool.permission) && crate::serve::wildcard_match(&glob, &tool.pattern)
-        });
-    let ask = permission_ask(tool);
-    if asks && !grants.approves(&ask) {
-        return Decision::Wait;
-    }
-    Decision::Allow { input: input.clone() }
-}
-
-/// Whether `path` (as a tool names it: absolute, or relative to the worktree) is outside `dir`.
-/// `..` is resolved by the path's words, so a path that climbs out is outside.
-fn outside(dir: &Path, path: &str) -> bool {
-    use std::path::Component;
-    let joined = dir.join(path);
-    let mut normal = PathBuf::new();
-    for c in joined.components() {
-        match c {
-            Component::ParentDir => {
-                normal.pop();
-            }
-            Component::CurDir => {}
-            other => normal.push(other),
-        }
-    }
-    let real = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
-    !(normal.starts_with(dir) || normal.starts_with(&real))
-}
-
-/// The permission request a tool call makes, as the task waits on it.
-pub fn permission_ask(tool: &ToolUse) -> PermissionAsk {
-    PermissionAsk {
-        permission: tool.permission.clone(),
-        patterns: vec![tool.pattern.clone()],
-        target: Some(tool.pattern.clone()),
-        always: vec![tool.pattern.clone()],
-    }
-}
-
-/// A decision an agent asked for, with the request it is answered on.
-pub fn permission_decision(tool: &ToolUse) -> Ask {
-    Ask::permission(permission_ask(tool))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -306,42 +262,5 @@ mod tests {
         let mut t = crate::sample_task();
         t.agent = Some("plan".into());
         assert_eq!(AgentSpec::of(&t).opencode_agent.as_deref(), Some("plan"));
-    }
-
-    #[test]
-    fn flags_deny_before_ask_rules_and_an_always_grant_lets_the_next_call_through() {
-        let mut t = crate::sample_task();
-        t.no_shell = true;
-        let bash = ToolUse { permission: "bash".into(), pattern: "git push origin".into() };
-        let dir = Path::new("/w/task-1");
-        let d = decide(&t, dir, &mut Grants::default(), &bash, &Value::Null);
-        assert!(matches!(d, Decision::Deny { .. }), "{d:?}");
-        t.no_shell = false;
-        t.ask_rules = vec!["bash:git push*".into()];
-        assert_eq!(decide(&t, dir, &mut Grants::default(), &bash, &Value::Null), Decision::Wait);
-        let mut grants = Grants { always: vec![("bash".into(), "git push*".into())], once: vec![] };
-        assert!(matches!(
-            decide(&t, dir, &mut grants, &bash, &Value::Null),
-            Decision::Allow { .. }
-        ));
-        let ls = ToolUse { permission: "bash".into(), pattern: "ls".into() };
-        assert!(matches!(
-            decide(&t, dir, &mut Grants::default(), &ls, &Value::Null),
-            Decision::Allow { .. }
-        ));
-    }
-
-    #[test]
-    fn an_edit_outside_the_worktree_is_denied_and_one_inside_allowed() {
-        let t = crate::sample_task();
-        let dir = Path::new("/w/task-1");
-        let edit = |p: &str| ToolUse { permission: "edit".into(), pattern: p.into() };
-        let decided = |p: &str| decide(&t, dir, &mut Grants::default(), &edit(p), &Value::Null);
-        for inside in ["/w/task-1/src/a.rs", "src/a.rs", "/w/task-1/x/../b.rs"] {
-            assert!(matches!(decided(inside), Decision::Allow { .. }), "{inside}");
-        }
-        for out in ["/w/repo/src/a.rs", "../repo/a.rs", "/w/task-1/../task-2/a.rs", "/etc/passwd"] {
-            assert!(matches!(decided(out), Decision::Deny { .. }), "{out}");
-        }
     }
 }

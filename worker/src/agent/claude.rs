@@ -10,9 +10,10 @@
 //! agent then makes again. The wire format is not documented by its authors: what is read here
 //! is what Claude Code 2.1.197 writes (the end-to-end tests in `tests/e2e/agents.rs` drive it).
 
-use crate::agent::ToolUse;
+use crate::agent::AgentProtocol;
 use crate::events::{AgentError, AgentEvent, ToolCall, Usage};
-use crate::process::{AgentProtocol, Decision};
+use crate::policy::Decision;
+use crate::policy::ToolUse;
 use queue::{AgentQuestion, Ask, QuestionOption};
 use serde_json::{Value, json};
 use std::collections::HashMap;
@@ -209,7 +210,7 @@ impl AgentProtocol for ClaudeStream {
                 let ask = if tool == "AskUserQuestion" {
                     Ask::question(questions_of(&input))
                 } else {
-                    crate::agent::permission_decision(&tool_use(tool, &input))
+                    crate::policy::permission_decision(&tool_use(tool, &input))
                 };
                 out.push(AgentEvent::Decision { request, ask, input });
             }

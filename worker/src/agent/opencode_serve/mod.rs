@@ -1,0 +1,332 @@
+//! OpenCode's own server as the agent (`--opencode serve`): one warm `opencode serve` per worker,
+//! on a loopback port it picks, behind a random password, serving every task's worktree through
+//! the `directory` query parameter. A task is a session: create it with the task's permission
+//! rules, send the prompt with `prompt_async`, follow `/event` for that session until it goes
+//! idle. A resume is a new prompt in the same session, with no new process.
+//!
+//! The server's events are turned into the lines `opencode run --format json` prints, so the
+//! readable log, the raw event file and the result come from the same parser as in `run` mode.
+//!
+//! Decisions are native: the agent's `question` tool and the task's `ask` rules block the agent
+//! on a request in the server (`question.asked`, `permission.asked`). The run then ends with the
+//! decision, the task waits in the queue, and the request is *parked* here: when this worker
+//! claims the answered task again it replies on the request, so the agent's tool call returns the
+//! answer and the same turn goes on. If the server forgot the request (it restarted) or another
+//! worker claims the task, the answer goes in as a new prompt in the same session instead.
+
+//! Where each part lives: the server process (`server.rs`: start, restart, the files a dead
+//! worker's server is found by), its HTTP routes (`client.rs`), its event stream read for one
+//! session (`protocol.rs`), and the requests parked while their tasks wait (`parked.rs`). The
+//! rules a session is created with are the crate's policy (`crate::policy`).
+
+mod client;
+mod parked;
+mod protocol;
+mod server;
+
+pub use server::{env_plugin, kill_orphaned_servers, npm_retries, server_file_name, spares_file};
+
+use crate::events::Usage;
+use crate::logs::TaskLog;
+use crate::policy::Grants;
+use crate::process::{AgentExit, StopReason};
+use client::Located;
+use parked::Parked;
+use protocol::Following;
+use queue::{Ask, Task, TaskId};
+use serde_json::{Value, json};
+use server::Running;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// A turn that went on after the server died mid-turn is prompted again at most this often.
+const MAX_SERVER_RESTARTS_PER_TURN: u32 = 2;
+
+/// The prompt that continues a session whose run was interrupted.
+pub const INTERRUPTED: &str = include_str!("../../../../assets/interrupted.md");
+
+/// The worker's OpenCode server: started on first use, started again if it died.
+pub struct ServeAgent {
+    program: PathBuf,
+    env: Vec<(String, String)>,
+    /// `<home>/servers/<worker>.json`: the server's pid and start time, so the next worker on
+    /// this host can kill a server whose worker was killed.
+    pid_file: PathBuf,
+    password: String,
+    http: reqwest::Client,
+    state: tokio::sync::Mutex<Option<Running>>,
+    generation: std::sync::atomic::AtomicU64,
+    parked: std::sync::Mutex<HashMap<TaskId, Parked>>,
+}
+
+/// How a turn begins.
+pub enum Delivery {
+    /// A prompt: a new task, an answer the server can no longer take natively, a continuation.
+    Prompt(String),
+    /// The answer to the request the agent is blocked on (`path` is the reply route).
+    Reply { path: String, body: Value },
+}
+
+/// What a run tells its caller as it goes.
+pub enum Progress<'a> {
+    /// The session the run is in (recorded at once, so that an interrupted task resumes it).
+    Session(&'a str),
+    /// A step finished: the run's usage so far.
+    Step(&'a Usage),
+    /// A permission request was approved by a grant, without asking.
+    Approved(&'a Ask),
+    /// A second went by during the turn (the caller may have a note for the agent).
+    Tick,
+}
+
+/// The caller's word after a step: go on, stop the agent with a decision (a budget), or (on a
+/// tick) say something to the agent at its next step.
+pub enum Control {
+    Go,
+    Stop(Box<Ask>),
+    Say(String),
+}
+
+/// How often a turn asks its caller whether there is something to tell the agent.
+const TICK: Duration = Duration::from_secs(1);
+
+/// What one prompt needs.
+pub struct Turn<'a> {
+    pub task: &'a Task,
+    pub dir: &'a Path,
+    pub delivery: Delivery,
+    pub model: Option<String>,
+    /// The session to continue (a resume), or `None` for a new one.
+    pub session: Option<String>,
+    /// The prompt to send instead when `session` is not in this server's database (made on
+    /// another host): one that stands without the conversation.
+    pub without_session: Option<String>,
+    pub grants: Grants,
+}
+
+fn io_err(e: impl std::fmt::Display) -> std::io::Error {
+    std::io::Error::other(e.to_string())
+}
+
+impl ServeAgent {
+    pub fn new(
+        program: PathBuf,
+        env: Vec<(String, String)>,
+        home: &queue::Home,
+        worker: &str,
+    ) -> Self {
+        let file = server_file_name(worker);
+        crate::notify::install_tls();
+        ServeAgent {
+            program,
+            env,
+            pid_file: home.root().join("servers").join(format!("{file}.json")),
+            password: server::random_password(),
+            http: reqwest::Client::builder()
+                .connect_timeout(Duration::from_secs(10))
+                .build()
+                .unwrap_or_default(),
+            state: tokio::sync::Mutex::new(None),
+            generation: Default::default(),
+            parked: Default::default(),
+        }
+    }
+
+    /// Runs one prompt (or one reply) to the end of the agent's turn, until it is stopped, or
+    /// until the agent blocks on a decision (`AgentExit::waiting`). `on_progress` hears every
+    /// finished step's usage so far, and may stop the agent with a decision of its own.
+    pub async fn run(
+        &self,
+        mut turn: Turn<'_>,
+        log: &mut TaskLog,
+        mut stop: watch::Receiver<Option<StopReason>>,
+        deadline: tokio::time::Instant,
+        on_progress: &mut (dyn FnMut(Progress<'_>) -> Control + Send),
+    ) -> std::io::Result<AgentExit> {
+        let mut port = self.ensure().await?;
+        let dir = turn.dir;
+        // Subscribe before prompting, so no event of the turn is missed.
+        let mut events = self.subscribe(port, dir).await?;
+        let session = self.session_for(port, &mut turn, log).await?;
+        log.line(&format!("OpenCode server on port {port}: session {session}"));
+        on_progress(Progress::Session(&session));
+        let mut follow = Following::new(&session);
+        match std::mem::replace(&mut turn.delivery, Delivery::Prompt(String::new())) {
+            Delivery::Prompt(text) => self.prompt(port, &turn, &session, &text).await?,
+            Delivery::Reply { path, body } => {
+                // The agent is mid-turn, blocked on the request this answers.
+                follow.busy();
+                self.post(&self.url(port, &path, dir), &body).await?;
+                log.line("answered the agent's pending request; its turn goes on");
+            }
+        }
+
+        let mut stopped = None;
+        let mut waiting = None;
+        let mut restarts = 0;
+        let mut tick = tokio::time::interval(TICK);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {
+                    if let Control::Say(text) = on_progress(Progress::Tick) {
+                        self.say(port, &turn, &session, &text, log).await;
+                    }
+                }
+                ev = events.next() => match ev {
+                    Some(data) => {
+                        let Ok(ev) = serde_json::from_str::<Value>(&data) else { continue };
+                        match self.event(port, &mut turn, &mut follow, &ev, log, on_progress).await? {
+                            Next::Go => {}
+                            Next::Finished => break,
+                            Next::Wait(ask) => {
+                                waiting = Some(*ask);
+                                break;
+                            }
+                        }
+                    }
+                    None => {
+                        // The stream ended: the server went away mid-turn. A new one can go on
+                        // in the same session (it is in OpenCode's database).
+                        restarts += 1;
+                        if restarts > MAX_SERVER_RESTARTS_PER_TURN {
+                            return Err(io_err("the OpenCode server closed its event stream mid-turn, again after restarting"));
+                        }
+                        log.line("the OpenCode server went away mid-turn; continuing the session on a new one");
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        port = self.ensure().await?;
+                        events = self.subscribe(port, dir).await?;
+                        follow.restart();
+                        self.prompt(port, &turn, &session, INTERRUPTED).await?;
+                    }
+                },
+                _ = stop.changed(), if stopped.is_none() => {
+                    if let Some(reason) = *stop.borrow() {
+                        stopped = Some(reason);
+                        break;
+                    }
+                }
+                _ = tokio::time::sleep_until(deadline), if stopped.is_none() => {
+                    stopped = Some(StopReason::Timeout);
+                    break;
+                }
+            }
+        }
+        if let Some(reason) = stopped {
+            log.line(&format!("stopping the agent ({reason:?}): aborting its session"));
+            self.abort(port, &session, dir).await;
+        }
+        if let Some(ask) = &waiting
+            && let Some(request_id) = &ask.request_id
+        {
+            self.park(turn.task.id, &session, request_id, dir).await;
+        }
+        let run = follow.into_run();
+        Ok(AgentExit { exit_code: Some(0), stopped, stderr_tail: String::new(), run, waiting })
+    }
+
+    /// The session a turn goes on in: a new one, or the one to continue when it was made in
+    /// this directory. A session made elsewhere, or on another host, is replaced by a new one
+    /// here, given what it needs in its prompt instead.
+    async fn session_for(
+        &self,
+        port: u16,
+        turn: &mut Turn<'_>,
+        log: &mut TaskLog,
+    ) -> std::io::Result<String> {
+        let Some(s) = turn.session.clone() else { return self.create(port, turn).await };
+        let (fresh, prompt) = match self.locate(port, turn.dir, &s).await? {
+            Located::Here => return Ok(s),
+            Located::Elsewhere(there) => {
+                // A session runs its tools in the directory it was made in whatever the request
+                // says, and its events go to that directory's subscribers: prompted from here it
+                // would write into whatever lives there now (another task's worktree). A new
+                // session here gets the conversation as text instead.
+                let earlier = self.transcript(port, turn.dir, &s).await;
+                let fresh = self.create(port, turn).await?;
+                log.line(&format!(
+                    "session {s} belongs to {there}, which another task holds; going on in a new \
+                     session {fresh} here, given that conversation as text"
+                ));
+                (fresh, turn.without_session.take().map(|alone| format!("{earlier}{alone}")))
+            }
+            Located::Missing => {
+                let fresh = self.create(port, turn).await?;
+                log.line(&format!(
+                    "session {s} is not in this host's OpenCode; starting {fresh} afresh"
+                ));
+                (fresh, turn.without_session.take())
+            }
+        };
+        if let (Delivery::Prompt(text), Some(prompt)) = (&mut turn.delivery, prompt) {
+            *text = prompt;
+        }
+        Ok(fresh)
+    }
+
+    /// One event of the server's stream, for this turn: a question or a permission request the
+    /// agent blocks on (answered here when a grant covers it), or what the agent did, which
+    /// goes into the log and the run, and may end the turn or make the caller stop it.
+    async fn event(
+        &self,
+        port: u16,
+        turn: &mut Turn<'_>,
+        follow: &mut Following,
+        ev: &Value,
+        log: &mut TaskLog,
+        on_progress: &mut (dyn FnMut(Progress<'_>) -> Control + Send),
+    ) -> std::io::Result<Next> {
+        if !follow.ours(ev) {
+            return Ok(Next::Go);
+        }
+        let request = ev.pointer("/properties/id").and_then(Value::as_str).unwrap_or("");
+        if let Some(mut ask) = protocol::decision(ev) {
+            if let Some(asked) = ask.permission.as_ref()
+                && turn.grants.approves(asked)
+            {
+                let url = self.url(port, &format!("/permission/{request}/reply"), turn.dir);
+                self.post(&url, &json!({"reply": "once"})).await?;
+                log.line(&format!("approved by an earlier answer: {}", ask.text()));
+                on_progress(Progress::Approved(&ask));
+                return Ok(Next::Go);
+            }
+            ask.request_id = Some(request.to_owned());
+            log.line(&match ask.permission {
+                Some(_) => format!("the agent asks for {}", ask.text()),
+                None => format!("the agent asks: {}", ask.text()),
+            });
+            return Ok(Next::Wait(Box::new(ask)));
+        }
+        if let Some(usage) = follow.read(ev, log)
+            && let Control::Stop(ask) = on_progress(Progress::Step(usage))
+        {
+            log.line(&format!("stopping the agent: {}", ask.text()));
+            self.abort(port, follow.session(), turn.dir).await;
+            return Ok(Next::Wait(ask));
+        }
+        Ok(if follow.finished() { Next::Finished } else { Next::Go })
+    }
+
+    /// Gives a busy session a note from the planner: a prompt to a busy session joins it, and
+    /// the agent reads it as a new user message when its current step ends.
+    async fn say(&self, port: u16, turn: &Turn<'_>, session: &str, text: &str, log: &mut TaskLog) {
+        let mut said = json!({"parts": [{"type": "text", "text": text}]});
+        if let Some(agent) = crate::agent::AgentSpec::of(turn.task).opencode_agent {
+            said["agent"] = json!(agent);
+        }
+        let url = self.url(port, &format!("/session/{session}/prompt_async"), turn.dir);
+        match self.post(&url, &said).await {
+            Ok(_) => log.line("gave the agent the planner's new notes, for its next step"),
+            Err(e) => log.line(&format!("could not give the agent the new notes: {e}")),
+        }
+    }
+}
+
+/// What an event means for the turn.
+enum Next {
+    Go,
+    Finished,
+    /// The agent blocks on a decision, or the caller stopped it with one.
+    Wait(Box<Ask>),
+}
