@@ -1,0 +1,160 @@
+//! What the keys that act on the selected task (or the queue) do in the normal mode: each
+//! checks the task can take it, then opens its dialog or asks the queue, or says why not.
+
+use super::*;
+
+impl Model {
+    pub(super) fn merge(&mut self) -> Vec<Effect> {
+        match self.target() {
+            Some(r) if r.status == TaskStatus::Done => {
+                self.popup = Some(Popup::Confirm(ConfirmKind::Merge(r.id.0)));
+                vec![]
+            }
+            Some(r) => self.say(format!(
+                "task {} is {}: only a done task can be merged",
+                r.id.0,
+                r.display_status()
+            )),
+            None => self.say("no task selected".into()),
+        }
+    }
+
+    pub(super) fn followup(&mut self) -> Vec<Effect> {
+        match self.target() {
+            Some(r) if matches!(r.status, TaskStatus::Done | TaskStatus::Failed) => {
+                let title = format!(
+                    " Follow up task {} in its session: what next? (Ctrl-S sends, Esc cancels) ",
+                    r.id.0
+                );
+                self.popup = Some(Popup::Editor {
+                    kind: EditorKind::Followup(r.id.0),
+                    area: editor(&title),
+                });
+                vec![]
+            }
+            Some(r) => self.say(format!(
+                "task {} is {}: only a done or failed task can be followed up",
+                r.id.0,
+                r.display_status()
+            )),
+            None => self.say("no task selected".into()),
+        }
+    }
+
+    /// A decision with answers on offer opens the choice list; anything else the editor.
+    pub(super) fn answer(&mut self) -> Vec<Effect> {
+        match self.target() {
+            Some(r) if r.status == TaskStatus::Waiting => {
+                if let Some(choice) = r.ask.as_ref().and_then(|a| Choice::for_ask(r.id.0, a)) {
+                    self.popup = Some(Popup::Choose(Box::new(choice)));
+                    return vec![];
+                }
+                let title = format!(
+                    " Answer task {}: {} (Ctrl-S sends, Esc cancels) ",
+                    r.id.0,
+                    r.question.as_deref().unwrap_or("").lines().next().unwrap_or("")
+                );
+                self.popup =
+                    Some(Popup::Editor { kind: EditorKind::Answer(r.id.0), area: editor(&title) });
+                vec![]
+            }
+            Some(r) => self.say(format!(
+                "task {} is {}: only a waiting task can be answered",
+                r.id.0,
+                r.display_status()
+            )),
+            None => self.say("no task selected".into()),
+        }
+    }
+
+    /// The new-task dialog, offering the TUI's directory and the repositories of the newest
+    /// tasks.
+    pub(super) fn new_task(&mut self) -> Vec<Effect> {
+        let mut recent = vec![self.cwd.clone()];
+        for r in &self.rows {
+            if recent.len() >= 6 {
+                break;
+            }
+            if !recent.contains(&r.repo) {
+                recent.push(r.repo.clone());
+            }
+        }
+        self.popup = Some(Popup::NewTask(Box::new(NewTask::new(recent))));
+        vec![]
+    }
+
+    pub(super) fn note(&mut self) -> Vec<Effect> {
+        match self.target() {
+            Some(r) if !r.status.is_terminal() => {
+                let title = format!(" Note for task {} (Ctrl-S adds, Esc cancels) ", r.id.0);
+                self.popup =
+                    Some(Popup::Editor { kind: EditorKind::Note(r.id.0), area: editor(&title) });
+                vec![]
+            }
+            Some(r) => {
+                self.say(format!("task {} is {}: notes go to unfinished tasks", r.id.0, r.status))
+            }
+            None => self.say("no task selected".into()),
+        }
+    }
+
+    pub(super) fn search(&mut self) -> Vec<Effect> {
+        if self.right != RightPane::Logs {
+            return self.say("open the log (l) to search it".into());
+        }
+        self.popup = Some(Popup::Editor {
+            kind: EditorKind::Search,
+            area: editor(" Search the log (Ctrl-S finds the previous match) "),
+        });
+        vec![]
+    }
+
+    pub(super) fn retry(&mut self) -> Vec<Effect> {
+        match self.target() {
+            Some(r) if matches!(r.status, TaskStatus::Failed | TaskStatus::Cancelled) => {
+                vec![Effect::Queue(Op::Retry(r.id.0))]
+            }
+            Some(r) => self.say(format!(
+                "task {} is {}: only failed or cancelled tasks can be retried",
+                r.id.0,
+                r.display_status()
+            )),
+            None => self.say("no task selected".into()),
+        }
+    }
+
+    pub(super) fn cancel(&mut self) -> Vec<Effect> {
+        match self.target() {
+            Some(r) if !r.status.is_terminal() => {
+                self.popup = Some(Popup::Confirm(ConfirmKind::Cancel(r.id.0)));
+                vec![]
+            }
+            Some(r) => self.say(format!("task {} is already {}", r.id.0, r.status)),
+            None => self.say("no task selected".into()),
+        }
+    }
+
+    /// One step up or down, within the queue's bounds.
+    pub(super) fn nudge_priority(&mut self, step: i64) -> Vec<Effect> {
+        match self.target() {
+            Some(r) if !r.status.is_terminal() => {
+                let p = (r.priority + step).clamp(-100, 100);
+                vec![Effect::Queue(Op::SetPriority(r.id.0, p))]
+            }
+            Some(r) => self.say(format!("task {} is {}", r.id.0, r.status)),
+            None => vec![],
+        }
+    }
+
+    /// Quits at once, unless a worker this TUI started still runs tasks.
+    pub(super) fn ask_to_quit(&mut self) -> Vec<Effect> {
+        if self.header.worker_running > 0 {
+            self.popup =
+                Some(Popup::Confirm(ConfirmKind::Quit { running: self.header.worker_running }));
+            vec![]
+        } else {
+            self.quit = true;
+            vec![Effect::Quit]
+        }
+    }
+}
