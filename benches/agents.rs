@@ -74,7 +74,7 @@ fn rig_with(mode: &str, mock: &MockAnthropic, env: &[(String, String)]) -> Rig {
     let dir = tempfile::tempdir().unwrap();
     let repo = common::repo(dir.path(), "repo");
     let oc_home = dir.path().join("ochome");
-    let home = queue::Home::resolve(Some(dir.path().join("home"))).unwrap();
+    let home = queue::Home::at(dir.path().join("home")).unwrap();
     home.ensure().unwrap();
     let store = queue::Store::open(home.db_path()).unwrap();
     let worker = Command::new(env!("CARGO_BIN_EXE_taskbridge"))
@@ -230,7 +230,8 @@ fn measure_answer(n: usize) -> Vec<f64> {
     let mut latencies = Vec::new();
     for i in 0..=n {
         let req = worker::SubmitRequest::new(format!("Ask, then say done ({i})."), repo);
-        let (task, _, _) = worker::submit(store, repo, Path::new("opencode"), req).unwrap();
+        let (task, _, _) =
+            worker::submit(store, repo, &worker::WorkerConfig::default(), req).unwrap();
         wait_until(store, task.id, "asking", |t| t.status == queue::TaskStatus::Waiting);
         let before = mock.arrivals().len();
         let t0 = Instant::now();

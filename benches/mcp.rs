@@ -159,7 +159,7 @@ async fn main() {
     let full = std::env::args().any(|a| a == "--bench");
     let n = if full { 2000 } else { 50 };
     let dir = tempfile::tempdir().unwrap();
-    let home = queue::Home::resolve(Some(dir.path().join("home"))).unwrap();
+    let home = queue::Home::at(dir.path().join("home")).unwrap();
     home.ensure().unwrap();
     let store = queue::Store::open(home.db_path()).unwrap();
     let spec = queue::TaskSpec::new(

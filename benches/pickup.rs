@@ -34,7 +34,7 @@ fn main() {
     )
     .unwrap();
     std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let home = queue::Home::resolve(Some(dir.path().join("home"))).unwrap();
+    let home = queue::Home::at(dir.path().join("home")).unwrap();
     home.ensure().unwrap();
     let store = queue::Store::open(home.db_path()).unwrap();
 
@@ -127,12 +127,13 @@ exec sleep 600
         // A repository and a home per round: task ids (and so branch names) start again at 1.
         let tag = if peer { "peer" } else { "restart" };
         let repo = &common::repo(dir, &format!("recovery-{tag}-repo-{i}"));
-        let home = queue::Home::resolve(Some(dir.join(format!("recovery-{tag}-{i}")))).unwrap();
+        let home = queue::Home::at(dir.join(format!("recovery-{tag}-{i}"))).unwrap();
         home.ensure().unwrap();
         let store = queue::Store::open(home.db_path()).unwrap();
         let _ = std::fs::remove_file(&pgid_file);
         let req = worker::SubmitRequest::new("sleep", repo);
-        let (task, _, _) = worker::submit(&store, repo, Path::new("opencode"), req).unwrap();
+        let (task, _, _) =
+            worker::submit(&store, repo, &worker::WorkerConfig::default(), req).unwrap();
         let mut first = serve(home.root());
         let mut other = peer.then(|| serve(home.root()));
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -199,7 +200,8 @@ fn measure(store: &queue::Store, repo: &Path, agent_log: &Path, n: usize) -> Vec
         let before = std::fs::read_to_string(agent_log).unwrap_or_default().lines().count();
         let t0 = now_ns();
         let req = worker::SubmitRequest::new(format!("task {i}"), repo);
-        let (task, _, _) = worker::submit(store, repo, Path::new("opencode"), req).unwrap();
+        let (task, _, _) =
+            worker::submit(store, repo, &worker::WorkerConfig::default(), req).unwrap();
         let deadline = Instant::now() + Duration::from_secs(10);
         let started: u128 = loop {
             let text = std::fs::read_to_string(agent_log).unwrap_or_default();

@@ -9,26 +9,23 @@ fn exe() -> anyhow::Result<PathBuf> {
     Ok(p.canonicalize().unwrap_or(p))
 }
 
-fn home_dir() -> anyhow::Result<PathBuf> {
-    std::env::var_os("HOME").map(PathBuf::from).context("HOME is not set")
+fn home_dir(env: &queue::Environment) -> anyhow::Result<PathBuf> {
+    env.home_dir().context("HOME is not set")
 }
 
 /// Claude Desktop's config file on this OS.
-pub fn claude_desktop_path() -> anyhow::Result<PathBuf> {
+pub fn claude_desktop_path(env: &queue::Environment) -> anyhow::Result<PathBuf> {
     if cfg!(target_os = "macos") {
         return Ok(
-            home_dir()?.join("Library/Application Support/Claude/claude_desktop_config.json")
+            home_dir(env)?.join("Library/Application Support/Claude/claude_desktop_config.json")
         );
     }
     if cfg!(windows) {
-        let appdata = std::env::var_os("APPDATA").context("APPDATA is not set")?;
-        return Ok(PathBuf::from(appdata).join("Claude/claude_desktop_config.json"));
+        let appdata = env.path("APPDATA").context("APPDATA is not set")?;
+        return Ok(appdata.join("Claude/claude_desktop_config.json"));
     }
     // Linux is not officially supported by Claude Desktop; community builds read this path.
-    let config = std::env::var_os("XDG_CONFIG_HOME")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .map_or_else(|| home_dir().map(|h| h.join(".config")), Ok)?;
+    let config = config_home(env)?;
     Ok(config.join("Claude/claude_desktop_config.json"))
 }
 
@@ -46,12 +43,13 @@ fn stdio_entry(home: &Path, with_type: bool) -> anyhow::Result<Value> {
 }
 
 /// OpenCode's global config file.
-pub fn opencode_config_path() -> anyhow::Result<PathBuf> {
-    let config = std::env::var_os("XDG_CONFIG_HOME")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .map_or_else(|| home_dir().map(|h| h.join(".config")), Ok)?;
-    Ok(config.join("opencode/opencode.json"))
+pub fn opencode_config_path(env: &queue::Environment) -> anyhow::Result<PathBuf> {
+    Ok(config_home(env)?.join("opencode/opencode.json"))
+}
+
+/// `$XDG_CONFIG_HOME`, else `~/.config`.
+fn config_home(env: &queue::Environment) -> anyhow::Result<PathBuf> {
+    env.path("XDG_CONFIG_HOME").map_or_else(|| home_dir(env).map(|h| h.join(".config")), Ok)
 }
 
 /// OpenCode's `mcp` entry for the reverse bridge. The key and base URL come from OpenCode's own
@@ -150,10 +148,16 @@ pub fn claude_code_lines(home: &Path, exe: &Path, http_url: &str) -> Vec<String>
     ]
 }
 
-pub fn run(client: &str, write: bool, home: &Path, http_url: &str) -> anyhow::Result<()> {
+pub fn run(
+    client: &str,
+    write: bool,
+    home: &Path,
+    http_url: &str,
+    env: &queue::Environment,
+) -> anyhow::Result<()> {
     match client {
         "claude-desktop" => {
-            let path = claude_desktop_path()?;
+            let path = claude_desktop_path(env)?;
             let entry = stdio_entry(home, false)?;
             if write {
                 let backup = merge_into(&path, "mcpServers", "taskbridge", entry)?;
@@ -173,7 +177,7 @@ pub fn run(client: &str, write: bool, home: &Path, http_url: &str) -> anyhow::Re
         "claude-code" => {
             let exe = exe()?;
             if write {
-                let path = home_dir()?.join(".claude.json");
+                let path = home_dir(env)?.join(".claude.json");
                 let backup =
                     merge_into(&path, "mcpServers", "taskbridge", stdio_entry(home, true)?)?;
                 outln!("added \"taskbridge\" (user scope) to {}", path.display());
@@ -181,7 +185,7 @@ pub fn run(client: &str, write: bool, home: &Path, http_url: &str) -> anyhow::Re
                     outln!("the previous file is kept as {}", b.display());
                 }
             } else {
-                let registered = home_dir()?.join(".claude.json");
+                let registered = home_dir(env)?.join(".claude.json");
                 let already = std::fs::read_to_string(&registered)
                     .ok()
                     .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
@@ -203,7 +207,7 @@ pub fn run(client: &str, write: bool, home: &Path, http_url: &str) -> anyhow::Re
             }
         }
         "opencode" => {
-            let path = opencode_config_path()?;
+            let path = opencode_config_path(env)?;
             let entry = opencode_entry(home)?;
             let name = worker::BRIDGE_MCP_NAME;
             if write {

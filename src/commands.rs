@@ -66,7 +66,7 @@ pub fn run(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode> {
                 outln!("task {id} ({}): no changes", task.display_status);
                 return Ok(ExitCode::SUCCESS);
             }
-            crate::pager::show_diff(&diff, &color)?;
+            crate::pager::show_diff(&diff, &color, &ctx.env)?;
         }
         Command::Show { id, json } => {
             let task = store.get(TaskId(id))?;
@@ -112,7 +112,7 @@ pub fn run(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode> {
         Command::Status { json } => status(&ctx, json)?,
         Command::ListWorkers { json } => list_workers(&ctx, json)?,
         Command::Config { client, write, http_url } => {
-            crate::clients::run(&client, write, ctx.home.root(), &http_url)?
+            crate::clients::run(&client, write, ctx.home.root(), &http_url, &ctx.env)?
         }
         Command::Models { provider, agent, set_default, refresh } => {
             models(&ctx, provider, agent, set_default, refresh)?
@@ -126,7 +126,7 @@ pub fn run(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode> {
             // A queue other than the home's own file goes with the service.
             let own = ctx.home.db_path().display().to_string();
             let db = (ctx.db_arg != own).then_some(ctx.db_arg.as_str());
-            crate::service::service(&action, ctx.home.root(), db)?
+            crate::service::service(&action, ctx.home.root(), db, &ctx.env)?
         }
         Command::Migrate { from, to } => return migrate(&from, &to),
         Command::Worker(_)
@@ -207,7 +207,7 @@ fn logs(
     let task = store.get(TaskId(id))?;
     let path = worker::logs::log_path(&ctx.home.logs_dir(), task.id.0);
     let mut chunk = worker::logs::read_log(&path, offset, max_bytes)?;
-    if let Some(w) = worker::logs::elsewhere(&task, chunk.size) {
+    if let Some(w) = worker::logs::elsewhere(&task, chunk.size, &worker::hostname(&ctx.env)) {
         bail!("{w} (`taskbridge show {id}` shows them)");
     }
     out!("{}", chunk.text);
@@ -371,8 +371,8 @@ fn models(
                  to each task with --model"
             );
         }
-        let program = agent.kind.program_from_env();
-        let (models, note) = worker::models::agent_models(agent.kind, &program)?;
+        let program = ctx.config.worker.program(agent.kind);
+        let (models, note) = worker::models::agent_models(agent.kind, program, &ctx.env)?;
         for m in models {
             outln!("{m}");
         }
@@ -427,8 +427,7 @@ fn submit(ctx: &Ctx, a: SubmitArgs) -> anyhow::Result<()> {
     spec.remote = a.remote;
     spec.ask = a.ask;
     spec.budget = queue::Budget { max_cost_usd: a.max_cost_usd, max_tokens: a.max_tokens };
-    let (task, created, warnings) =
-        worker::submit(&ctx.store, &ctx.cwd, &ctx.config.worker.opencode, req)?;
+    let (task, created, warnings) = worker::submit(&ctx.store, &ctx.cwd, &ctx.config.worker, req)?;
     if a.json {
         print_json(&task)?;
     } else {

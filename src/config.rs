@@ -45,11 +45,8 @@ impl Default for NotifySection {
 }
 
 /// `$XDG_CONFIG_HOME/taskbridge`, else `~/.config/taskbridge`.
-pub fn config_dir() -> Option<PathBuf> {
-    let base = std::env::var_os("XDG_CONFIG_HOME")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))?;
+pub fn config_dir(env: &queue::Environment) -> Option<PathBuf> {
+    let base = env.path("XDG_CONFIG_HOME").or_else(|| env.home_dir().map(|h| h.join(".config")))?;
     Some(base.join("taskbridge"))
 }
 
@@ -78,10 +75,6 @@ pub fn read_file(path: &Path) -> anyhow::Result<FileConfig> {
     Ok(cfg)
 }
 
-fn env(key: &str) -> Option<String> {
-    std::env::var(key).ok().filter(|v| !v.trim().is_empty())
-}
-
 /// What every long-running command builds its worker from.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -95,11 +88,15 @@ pub struct Config {
 
 impl Config {
     /// File, then environment. `explicit` is `--config`, which must exist.
-    pub fn load(explicit: Option<&Path>) -> anyhow::Result<Config> {
+    pub fn load(
+        explicit: Option<&Path>,
+        environment: &queue::Environment,
+    ) -> anyhow::Result<Config> {
+        let env = |key: &str| environment.var(key);
         let path = match explicit {
             Some(p) if !p.exists() => bail!("the config file {} does not exist", p.display()),
             Some(p) => Some(p.to_path_buf()),
-            None => config_dir().map(|d| d.join("config.toml")),
+            None => config_dir(environment).map(|d| d.join("config.toml")),
         };
         let file = match &path {
             Some(p) => read_file(p)?,
@@ -124,8 +121,9 @@ impl Config {
                 anyhow::anyhow!("{e} (TASKBRIDGE_OPENCODE_MODE or [worker] opencode_mode)")
             })?;
         }
-        w.claude = worker::agent::AgentKind::ClaudeCode.program_from_env();
-        w.codex = worker::agent::AgentKind::Codex.program_from_env();
+        w.claude = worker::agent::AgentKind::ClaudeCode.program_in(environment);
+        w.codex = worker::agent::AgentKind::Codex.program_in(environment);
+        w.env = environment.clone();
         w.opencode_config_content = env("OPENCODE_CONFIG_CONTENT");
         w.use_remote = file.worker.use_remote.unwrap_or(false);
         w.fault_worktree_pause = env("TASKBRIDGE_FAULT_WORKTREE_PAUSE_MS")

@@ -3,10 +3,9 @@
 //! check fails (a warning alone does not).
 
 use crate::Ctx;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
-use worker::agent::find_program;
 
 /// The OpenCode release TaskBridge is tested against.
 pub use worker::agent::OPENCODE_TESTED;
@@ -58,7 +57,7 @@ fn opencode(ctx: &Ctx) -> Check {
         "install it with `npm install -g opencode-ai@{OPENCODE_TESTED}`, or set TASKBRIDGE_OPENCODE \
          (or `[worker] opencode` in the config file) to its path"
     );
-    let Some(path) = find_program(program) else {
+    let Some(path) = ctx.env.find_program(program) else {
         return fail(format!("OpenCode: '{}' not found", program.display()), install);
     };
     match output(&path, &["--version"], Duration::from_secs(30)) {
@@ -79,14 +78,14 @@ fn opencode(ctx: &Ctx) -> Check {
 
 /// Claude Code and Codex: optional, so a missing one is not a warning; an installed one is
 /// named with its version, and one other than the tested version says which that is.
-fn other_agent(kind: worker::agent::AgentKind) -> Check {
+fn other_agent(ctx: &Ctx, kind: worker::agent::AgentKind) -> Check {
     use worker::agent::{AgentKind, CLAUDE_CODE_TESTED, CODEX_TESTED};
     let (name, tested) = match kind {
         AgentKind::ClaudeCode => ("Claude Code", CLAUDE_CODE_TESTED),
         _ => ("Codex", CODEX_TESTED),
     };
-    let program = kind.program_from_env();
-    let Some(path) = find_program(&program) else {
+    let program = ctx.config.worker.program(kind);
+    let Some(path) = ctx.env.find_program(program) else {
         return ok(format!(
             "agent {}: {name} is not installed (only tasks with --agent {} need it: `{}`)",
             kind.name(),
@@ -127,7 +126,7 @@ fn model(ctx: &Ctx) -> (Check, Option<String>) {
                   (`taskbridge list-models` lists them)";
     // OpenCode's own config may name one (`model` in opencode.json).
     let own = || {
-        let path = find_program(&ctx.config.worker.opencode)?;
+        let path = ctx.env.find_program(&ctx.config.worker.opencode)?;
         let text = output(&path, &["debug", "config"], Duration::from_secs(30)).ok()?;
         let v: serde_json::Value = serde_json::from_str(&text).ok()?;
         v.get("model")?.as_str().map(str::to_owned)
@@ -167,7 +166,7 @@ const PROBE_LIMIT: Duration = Duration::from_secs(15);
 
 /// A one-token prompt through OpenCode: the model is not only named but answers.
 fn probe(ctx: &Ctx, model: &str) -> Check {
-    let Some(path) = find_program(&ctx.config.worker.opencode) else {
+    let Some(path) = ctx.env.find_program(&ctx.config.worker.opencode) else {
         return fail("probe: OpenCode not found", "see the OpenCode line above");
     };
     let dir = std::env::temp_dir().join(format!("taskbridge-probe-{}", std::process::id()));
@@ -292,7 +291,7 @@ fn entry_check(client: &str, path: &Path, e: serde_json::Value, fix: &str) -> Ch
 
 fn registrations(ctx: &Ctx) -> Vec<Check> {
     let mut out = Vec::new();
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default();
+    let home = ctx.env.home_dir().unwrap_or_default();
     let claude = home.join(".claude.json");
     let project = ctx.cwd.join(".mcp.json");
     let fix = "run `taskbridge config claude-code --write` (or paste a line from `taskbridge config claude-code`)";
@@ -304,7 +303,7 @@ fn registrations(ctx: &Ctx) -> Vec<Check> {
         None => out.push(warn("Claude Code: TaskBridge is not registered", fix)),
     }
     let fix = "run `taskbridge config claude-desktop --write`, then restart Claude Desktop";
-    if let Ok(p) = crate::clients::claude_desktop_path() {
+    if let Ok(p) = crate::clients::claude_desktop_path(&ctx.env) {
         match entry(&p, "mcpServers") {
             Some(e) => out.push(entry_check("Claude Desktop", &p, e, fix)),
             None if p.parent().is_some_and(Path::exists) => {
@@ -313,7 +312,7 @@ fn registrations(ctx: &Ctx) -> Vec<Check> {
             None => {}
         }
     }
-    if let Ok(p) = crate::clients::opencode_config_path()
+    if let Ok(p) = crate::clients::opencode_config_path(&ctx.env)
         && let Some(e) = entry(&p, "mcp")
     {
         out.push(entry_check(
@@ -348,8 +347,8 @@ fn workers(ctx: &Ctx) -> Check {
 
 pub fn run(ctx: &Ctx, with_probe: bool) -> anyhow::Result<std::process::ExitCode> {
     let mut checks = vec![opencode(ctx)];
-    checks.push(other_agent(worker::agent::AgentKind::ClaudeCode));
-    checks.push(other_agent(worker::agent::AgentKind::Codex));
+    checks.push(other_agent(ctx, worker::agent::AgentKind::ClaudeCode));
+    checks.push(other_agent(ctx, worker::agent::AgentKind::Codex));
     let (m, model) = model(ctx);
     checks.push(m);
     if with_probe {

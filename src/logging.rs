@@ -17,9 +17,18 @@ const DEFAULT_MAX_BYTES: usize = 10 * 1024 * 1024;
 #[must_use]
 pub struct LogGuard(#[allow(dead_code)] Option<tracing_appender::non_blocking::WorkerGuard>);
 
-pub fn init(logs_dir: &Path, also_stderr: bool, max_bytes: Option<usize>) -> LogGuard {
-    let filter =
-        || EnvFilter::try_from_env("TASKBRIDGE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+/// `directives` is `TASKBRIDGE_LOG` (`info` when unset or unreadable).
+pub fn init(
+    logs_dir: &Path,
+    also_stderr: bool,
+    max_bytes: Option<usize>,
+    directives: Option<&str>,
+) -> LogGuard {
+    let filter = || {
+        directives
+            .and_then(|d| EnvFilter::try_new(d).ok())
+            .unwrap_or_else(|| EnvFilter::new("info"))
+    };
     let path = logs_dir.join("taskbridge.log");
     let file = queue::home::create_private_file(&path).ok().map(|_| {
         let mut private = std::fs::OpenOptions::new();

@@ -1,5 +1,11 @@
 //! `taskbridge`: the one binary. Thin wiring only: it parses the command line, opens the home and
 //! the queue, and hands over to the queue, worker, MCP and UI crates.
+//!
+//! Settings are read here, once: the flags (clap), the process environment (one
+//! `queue::Environment`, taken in `real_main`; no other code reads the environment) and the
+//! config file (`config.rs`, which folds the three into the worker's configuration). The
+//! crates below get these as values: the worker's configuration, and that `Environment` for
+//! what they look up in it (the host's name, PATH, an agent's own variables).
 
 #[macro_use]
 mod output;
@@ -29,10 +35,12 @@ pub struct Ctx {
     pub store: Arc<queue::Store>,
     pub cwd: PathBuf,
     pub config: config::Config,
+    /// The environment, read once here; nothing below reads it again.
+    pub env: queue::Environment,
 }
 
-fn open(cli: &cli::Cli) -> anyhow::Result<Ctx> {
-    let home = queue::Home::resolve(cli.home.clone())?;
+fn open(cli: &cli::Cli, env: queue::Environment) -> anyhow::Result<Ctx> {
+    let home = queue::Home::resolve(cli.home.clone(), &env)?;
     home.ensure()
         .with_context(|| format!("preparing the home directory {}", home.root().display()))?;
     let db_arg = match &cli.db_file {
@@ -46,8 +54,8 @@ fn open(cli: &cli::Cli) -> anyhow::Result<Ctx> {
         queue::Location::Postgres(_) => "opening the queue on PostgreSQL".to_owned(),
     })?;
     let cwd = std::env::current_dir().context("reading the current directory")?;
-    let config = config::Config::load(cli.config.as_deref())?;
-    Ok(Ctx { home, db_arg, store: Arc::new(store), cwd, config })
+    let config = config::Config::load(cli.config.as_deref(), &env)?;
+    Ok(Ctx { home, db_arg, store: Arc::new(store), cwd, config, env })
 }
 
 fn main() -> std::process::ExitCode {
@@ -71,7 +79,7 @@ fn real_main(cli: cli::Cli) -> anyhow::Result<std::process::ExitCode> {
         // Needs neither the home nor the default queue.
         return commands::migrate(from, to);
     }
-    let ctx = open(&cli)?;
+    let ctx = open(&cli, queue::Environment::from_vars(std::env::vars_os()))?;
     let long_running = matches!(
         cli.command,
         cli::Command::Worker(_)
@@ -82,12 +90,12 @@ fn real_main(cli: cli::Cli) -> anyhow::Result<std::process::ExitCode> {
     );
     // The headless worker also logs to stderr; the stdio server must keep stdout clean and logs
     // to its file only (stderr would end up in the client's log, which is fine but noisy).
-    let log_max =
-        std::env::var("TASKBRIDGE_LOG_MAX_BYTES").ok().and_then(|v| v.trim().parse().ok());
+    let log_max = ctx.env.var("TASKBRIDGE_LOG_MAX_BYTES").and_then(|v| v.parse().ok());
     let _log = logging::init(
         &ctx.home.logs_dir(),
         matches!(cli.command, cli::Command::Worker(_)),
         log_max,
+        ctx.env.var("TASKBRIDGE_LOG").as_deref(),
     );
     if long_running {
         let rt = tokio::runtime::Builder::new_multi_thread()

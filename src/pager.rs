@@ -1,6 +1,7 @@
 //! `taskbridge diff`: a diff coloured as git colours it, and paged as git pages it, when a person
 //! reads it on a terminal; plain text into a pipe or a file.
 
+use std::ffi::OsStr;
 use std::io::{IsTerminal, Write};
 use std::process::{Command, Stdio};
 
@@ -43,7 +44,7 @@ pub fn colour(diff: &str) -> String {
 }
 
 /// Prints `diff`: `color` is auto (colour and the pager on a terminal), always or never.
-pub fn show_diff(diff: &str, color: &str) -> anyhow::Result<()> {
+pub fn show_diff(diff: &str, color: &str, env: &queue::Environment) -> anyhow::Result<()> {
     let terminal = std::io::stdout().is_terminal();
     let coloured = match color {
         "always" => true,
@@ -53,7 +54,7 @@ pub fn show_diff(diff: &str, color: &str) -> anyhow::Result<()> {
     // A diff shows files an agent wrote: their bytes must not drive the terminal either.
     let diff = crate::output::escape_controls(diff);
     let text = if coloured { colour(&diff) } else { diff.into_owned() };
-    if terminal && let Some(mut pager) = spawn_pager() {
+    if terminal && let Some(mut pager) = spawn_pager(env) {
         if let Some(mut stdin) = pager.stdin.take() {
             // The reader quitting the pager early closes the pipe: not an error.
             let _ = stdin.write_all(text.as_bytes());
@@ -67,14 +68,18 @@ pub fn show_diff(diff: &str, color: &str) -> anyhow::Result<()> {
 
 /// The pager git would use: `$PAGER` (run by the shell, as git runs it), else `less -R`
 /// (raw colours, quit when it fits one screen); none when `PAGER` is empty or `cat`.
-fn spawn_pager() -> Option<std::process::Child> {
-    let pager = std::env::var("PAGER").unwrap_or_else(|_| "less".into());
+fn spawn_pager(env: &queue::Environment) -> Option<std::process::Child> {
+    // Set but empty is "no pager", unlike unset.
+    let pager = match env.is_set("PAGER") {
+        true => env.var("PAGER").unwrap_or_default(),
+        false => "less".into(),
+    };
     if pager.trim().is_empty() || pager.trim() == "cat" {
         return None;
     }
     Command::new("sh")
         .args(["-c", &pager])
-        .env("LESS", std::env::var("LESS").unwrap_or_else(|_| "FRX".into()))
+        .env("LESS", env.var_os("LESS").map_or_else(|| "FRX".into(), OsStr::to_owned))
         .stdin(Stdio::piped())
         .spawn()
         .ok()

@@ -5,7 +5,7 @@
 //! tunnel never outlives TaskBridge.
 
 use anyhow::{Context, bail};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -19,15 +19,12 @@ pub enum TunnelKind {
 }
 
 impl TunnelKind {
-    fn program(self) -> (String, &'static str) {
+    fn program(self, env: &queue::Environment) -> (String, &'static str) {
         let (var, default) = match self {
             TunnelKind::Cloudflare => ("TASKBRIDGE_CLOUDFLARED", "cloudflared"),
             TunnelKind::Ngrok => ("TASKBRIDGE_NGROK", "ngrok"),
         };
-        (
-            std::env::var(var).ok().filter(|v| !v.is_empty()).unwrap_or_else(|| default.to_owned()),
-            var,
-        )
+        (env.var(var).unwrap_or_else(|| default.to_owned()), var)
     }
 
     fn args(self, port: u16) -> Vec<String> {
@@ -89,14 +86,6 @@ impl TunnelKind {
     }
 }
 
-fn find_on_path(program: &str) -> Option<PathBuf> {
-    let p = Path::new(program);
-    if p.components().count() > 1 {
-        return p.is_file().then(|| p.to_path_buf());
-    }
-    std::env::split_paths(&std::env::var_os("PATH")?).map(|d| d.join(program)).find(|c| c.is_file())
-}
-
 pub struct Tunnel {
     pub url: String,
     pub host: String,
@@ -112,9 +101,14 @@ impl Tunnel {
 }
 
 /// Starts the tunnel and waits (up to `timeout`) for its public URL.
-pub async fn start(kind: TunnelKind, port: u16, timeout: Duration) -> anyhow::Result<Tunnel> {
-    let (program, var) = kind.program();
-    let Some(path) = find_on_path(&program) else {
+pub async fn start(
+    kind: TunnelKind,
+    port: u16,
+    timeout: Duration,
+    env: &queue::Environment,
+) -> anyhow::Result<Tunnel> {
+    let (program, var) = kind.program(env);
+    let Some(path) = env.find_program(Path::new(&program)) else {
         bail!("'{program}' was not found ({var} or PATH): {}", kind.install_hint());
     };
     // The wrapper: run the tunnel; kill it when our end of stdin closes; exit with its status.
@@ -222,17 +216,18 @@ pub async fn open(
     addr: std::net::SocketAddr,
     listen: &str,
     http: &mut mcp::HttpConfig,
+    env: &queue::Environment,
 ) -> anyhow::Result<Tunnel> {
     if !addr.ip().is_loopback() {
         anyhow::bail!(
             "public mode listens on loopback only (the tunnel connects to it); drop --listen {listen}"
         );
     }
-    let timeout = std::env::var("TASKBRIDGE_TUNNEL_TIMEOUT_S")
-        .ok()
+    let timeout = env
+        .var("TASKBRIDGE_TUNNEL_TIMEOUT_S")
         .and_then(|v| v.parse().ok())
         .map_or(Duration::from_secs(30), Duration::from_secs);
-    let t = start(kind, addr.port(), timeout).await?;
+    let t = start(kind, addr.port(), timeout, env).await?;
     http.allowed_hosts.push(t.host.clone());
     Ok(t)
 }

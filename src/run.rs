@@ -155,7 +155,7 @@ async fn claude_mcp(
     args: crate::cli::ClaudeMcpArgs,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let mut cfg = mcp::bridge::backend::BridgeConfig::from_env();
+    let mut cfg = mcp::bridge::backend::BridgeConfig::from_env(&ctx.env);
     if args.model.is_some() {
         cfg.default_model = args.model.clone();
     }
@@ -167,7 +167,7 @@ async fn claude_mcp(
     let result = match &args.listen {
         None => mcp::serve_stdio(bridge.clone(), shutdown.clone()).await,
         Some(listen) => {
-            let auth = crate::token::resolve(ctx.home.root(), &args.guard)?;
+            let auth = crate::token::resolve(ctx.home.root(), &args.guard, &ctx.env)?;
             let http = mcp::HttpConfig {
                 listen: listen.clone(),
                 token: auth.as_ref().map(|(t, _)| t.clone()),
@@ -194,10 +194,9 @@ async fn tui(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     // Everything that can fail on bad input fails here, before the terminal is taken over.
-    let keymap_path = args
-        .keymap
-        .clone()
-        .or_else(|| Some(crate::config::config_dir()?.join("keymap.toml")).filter(|p| p.exists()));
+    let keymap_path = args.keymap.clone().or_else(|| {
+        Some(crate::config::config_dir(&ctx.env)?.join("keymap.toml")).filter(|p| p.exists())
+    });
     let user_keymap = match &keymap_path {
         Some(p) => Some(
             std::fs::read_to_string(p)
@@ -206,7 +205,7 @@ async fn tui(
         None => None,
     };
     let keymap = ui::Keymap::load(user_keymap.as_deref()).map_err(anyhow::Error::msg)?;
-    let auth = crate::token::resolve(ctx.home.root(), &args.http.guard)?;
+    let auth = crate::token::resolve(ctx.home.root(), &args.http.guard, &ctx.env)?;
     let token = auth.as_ref().map(|(t, _)| t.clone());
     let mut http = mcp::HttpConfig {
         listen: args.http.listen.clone(),
@@ -230,7 +229,8 @@ async fn tui(
                 tracing::info!("MCP over HTTP at {mcp_label}");
                 if let Some(kind) = args.public {
                     // Asked for a public URL: without the tunnel the TUI does not start.
-                    let t = crate::public::open(kind, addr, &args.http.listen, &mut http).await?;
+                    let t = crate::public::open(kind, addr, &args.http.listen, &mut http, &ctx.env)
+                        .await?;
                     mcp_label = format!("{}/mcp (public; {})", t.url, auth_label(&auth));
                     tunnel = Some(t);
                 }
@@ -283,7 +283,7 @@ async fn tui(
         mcp: label_rx,
         token_set: token.is_some(),
         worker,
-        opencode: ctx.config.worker.opencode.clone(),
+        worker_config: ctx.config.worker.clone(),
     };
     let aside = StderrAside::to(&ctx.home.logs_dir().join("tui-stderr.log"));
     let result = ui::run(opts, shutdown.clone()).await;
@@ -313,7 +313,7 @@ async fn serve(
     args: crate::cli::ServeArgs,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let auth = crate::token::resolve(ctx.home.root(), &args.http.guard)?;
+    let auth = crate::token::resolve(ctx.home.root(), &args.http.guard, &ctx.env)?;
     let mut http = mcp::HttpConfig {
         listen: args.http.listen.clone(),
         token: auth.as_ref().map(|(t, _)| t.clone()),
@@ -328,7 +328,7 @@ async fn serve(
     let addr = listener.local_addr()?;
     let mut tunnel = None;
     if let Some(kind) = args.public {
-        let t = crate::public::open(kind, addr, &args.http.listen, &mut http).await?;
+        let t = crate::public::open(kind, addr, &args.http.listen, &mut http, &ctx.env).await?;
         outln!("public MCP endpoint: {}/mcp", t.url);
         if let Some((_, source)) = &auth {
             outln!("{}", crate::public::claude_add_line(&t.url, source));

@@ -7,12 +7,12 @@ use std::process::Command;
 
 use worker::service::{LABEL, UNIT};
 
-fn unit_path() -> anyhow::Result<PathBuf> {
-    worker::service::unit_path().context("neither HOME nor XDG_CONFIG_HOME is set")
+fn unit_path(env: &queue::Environment) -> anyhow::Result<PathBuf> {
+    worker::service::unit_path(env).context("neither HOME nor XDG_CONFIG_HOME is set")
 }
 
-fn plist_path() -> anyhow::Result<PathBuf> {
-    worker::service::plist_path().context("HOME is not set")
+fn plist_path(env: &queue::Environment) -> anyhow::Result<PathBuf> {
+    worker::service::plist_path(env).context("HOME is not set")
 }
 
 /// Where the service finds a `--db` other than the home's own file: a file only its user can
@@ -82,7 +82,12 @@ fn run(cmd: &mut Command) -> bool {
 
 /// `db`: the queue when it is not the home's own file (`--db`/`TASKBRIDGE_DB`), so that the
 /// service's worker runs on the same queue as the command that installed it.
-pub fn service(action: &str, home: &Path, db: Option<&str>) -> anyhow::Result<()> {
+pub fn service(
+    action: &str,
+    home: &Path,
+    db: Option<&str>,
+    environment: &queue::Environment,
+) -> anyhow::Result<()> {
     let exe = std::env::current_exe().context("finding this executable")?;
     let exe = exe.canonicalize().unwrap_or(exe);
     let mac = cfg!(target_os = "macos");
@@ -90,9 +95,9 @@ pub fn service(action: &str, home: &Path, db: Option<&str>) -> anyhow::Result<()
         "install" => {
             let env = env_file(home);
             let (path, text) = if mac {
-                (plist_path()?, launchd_plist(&exe, home, db))
+                (plist_path(environment)?, launchd_plist(&exe, home, db))
             } else {
-                (unit_path()?, systemd_unit(&exe, home, db.map(|_| env.as_path())))
+                (unit_path(environment)?, systemd_unit(&exe, home, db.map(|_| env.as_path())))
             };
             if let Some(dir) = path.parent() {
                 std::fs::create_dir_all(dir)
@@ -133,7 +138,7 @@ pub fn service(action: &str, home: &Path, db: Option<&str>) -> anyhow::Result<()
             }
         }
         "uninstall" => {
-            let path = if mac { plist_path()? } else { unit_path()? };
+            let path = if mac { plist_path(environment)? } else { unit_path(environment)? };
             if mac {
                 run(Command::new("launchctl").arg("unload").arg(&path));
             } else {
@@ -152,7 +157,7 @@ pub fn service(action: &str, home: &Path, db: Option<&str>) -> anyhow::Result<()
             }
         }
         "status" => {
-            let path = if mac { plist_path()? } else { unit_path()? };
+            let path = if mac { plist_path(environment)? } else { unit_path(environment)? };
             if !path.exists() {
                 outln!(
                     "not installed ({} does not exist); `taskbridge service install` installs it",

@@ -59,8 +59,12 @@ pub fn home_token_path(home: &Path) -> PathBuf {
 /// The token an HTTP listener asks for: `--token`, `TASKBRIDGE_TOKEN`, `--token-file`, else the
 /// home's own (256 bits, created 0600 on first use). `None` only with `--no-token`. Warnings go
 /// to stderr.
-pub fn resolve(home: &Path, guard: &GuardArgs) -> anyhow::Result<Option<(String, Source)>> {
-    resolve_given(home, guard, std::env::var("TASKBRIDGE_TOKEN").ok())
+pub fn resolve(
+    home: &Path,
+    guard: &GuardArgs,
+    env: &queue::Environment,
+) -> anyhow::Result<Option<(String, Source)>> {
+    resolve_given(home, guard, env.var("TASKBRIDGE_TOKEN"))
 }
 
 /// `resolve`, given `TASKBRIDGE_TOKEN` (read by the caller, so that a test can give one).
@@ -183,16 +187,22 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let home = dir.path();
         let a = "a".repeat(40);
-        let none = resolve(home, &GuardArgs { no_token: true, ..guard() }).unwrap();
+        let no_env = queue::Environment::default();
+        let none = resolve(home, &GuardArgs { no_token: true, ..guard() }, &no_env).unwrap();
         assert_eq!(none, None);
-        let flag = resolve(home, &GuardArgs { token: Some(format!(" {a} ")), ..guard() }).unwrap();
+        let flag = resolve(home, &GuardArgs { token: Some(format!(" {a} ")), ..guard() }, &no_env)
+            .unwrap();
         assert_eq!(flag, Some((a.clone(), Source::Argv)));
         let file = private_file(home, "given", &format!("{}\n", "f".repeat(40)));
         let from_file = GuardArgs { token_file: Some(file.clone()), ..guard() };
-        assert_eq!(resolve(home, &from_file).unwrap(), Some(("f".repeat(40), Source::File(file))));
+        assert_eq!(
+            resolve(home, &from_file, &no_env).unwrap(),
+            Some(("f".repeat(40), Source::File(file)))
+        );
         assert!(!home_token_path(home).exists(), "a token given makes none in the home");
 
-        let env = resolve_given(home, &guard(), Some(a.clone())).unwrap();
+        let given = queue::Environment::from_vars([("TASKBRIDGE_TOKEN", a.as_str())]);
+        let env = resolve(home, &guard(), &given).unwrap();
         assert_eq!(env, Some((a, Source::Env)));
         let e = resolve_given(home, &guard(), Some("short".into())).unwrap_err().to_string();
         assert!(e.contains("the token from TASKBRIDGE_TOKEN is 5 characters"), "{e}");

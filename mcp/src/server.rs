@@ -98,8 +98,10 @@ impl TaskBridge {
     pub fn cwd(&self) -> &Path {
         &self.inner.cwd
     }
-    pub(crate) fn opencode(&self) -> PathBuf {
-        self.inner.worker_config.opencode.clone()
+    /// The worker's configuration: a new task's checks (its agent's program, its model) and the
+    /// environment the server runs in.
+    pub(crate) fn worker_config(&self) -> &WorkerConfig {
+        &self.inner.worker_config
     }
     pub(crate) fn subscribe(&self) -> watch::Receiver<u64> {
         self.inner.changes.subscribe()
@@ -216,7 +218,9 @@ impl TaskBridge {
         let mut requeued = Vec::new();
         for w in workers.iter().filter(|w| {
             !w.stopped
-                && (w.stale || (w.host == worker::hostname() && !worker::process::pid_alive(w.pid)))
+                && (w.stale
+                    || (w.host == worker::hostname(&self.inner.worker_config.env)
+                        && !worker::process::pid_alive(w.pid)))
         }) {
             let id = w.id.clone();
             let ids = self.blocking(move |s| Ok(s.release_worker_tasks(&id)?)).await?;
@@ -239,7 +243,12 @@ impl TaskBridge {
         if alive == 0 && embedded.is_none() {
             // This server runs no worker of its own: the one it should have is the installed
             // service's, so its manager restarts it.
-            match tokio::task::spawn_blocking(worker::service::restart).await.ok().flatten() {
+            let env = self.inner.worker_config.env.clone();
+            match tokio::task::spawn_blocking(move || worker::service::restart(&env))
+                .await
+                .ok()
+                .flatten()
+            {
                 Some(Ok(manager)) => service = Some(json!({"manager": manager, "restarted": true})),
                 Some(Err(e)) => service = Some(json!({"restarted": false, "error": e})),
                 None => {

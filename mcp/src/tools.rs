@@ -432,8 +432,8 @@ impl TaskBridge {
             Ok(r) => r,
             Err(e) => return refuse(e),
         };
-        let (cwd, opencode) = (self.cwd().to_path_buf(), self.opencode());
-        match self.blocking(move |s| worker::submit(s, &cwd, &opencode, req)).await {
+        let (cwd, cfg) = (self.cwd().to_path_buf(), self.worker_config().clone());
+        match self.blocking(move |s| worker::submit(s, &cwd, &cfg, req)).await {
             Ok((task, created, warnings)) => {
                 let mut v = self.task_json(&task, false);
                 v["created"] = json!(created);
@@ -462,9 +462,9 @@ impl TaskBridge {
                 Err(e) => return refuse(e),
             }
         }
-        let (cwd, opencode) = (self.cwd().to_path_buf(), self.opencode());
+        let (cwd, cfg) = (self.cwd().to_path_buf(), self.worker_config().clone());
         let shared = queue::Budget { max_cost_usd: args.max_cost_usd, max_tokens: args.max_tokens };
-        match self.blocking(move |s| worker::submit_batch(s, &cwd, &opencode, reqs, shared)).await {
+        match self.blocking(move |s| worker::submit_batch(s, &cwd, &cfg, reqs, shared)).await {
             Ok(out) => ok(json!({
                 "tasks": out.tasks.iter().map(|(t, created)| {
                     let mut v = self.task_json(t, false);
@@ -540,7 +540,8 @@ impl TaskBridge {
         match r {
             Ok((task, c)) => {
                 // The full log stays on the host of the worker that ran the task.
-                let elsewhere = worker::logs::elsewhere(&task, c.size);
+                let here = worker::hostname(&self.worker_config().env);
+                let elsewhere = worker::logs::elsewhere(&task, c.size, &here);
                 let mut out = json!({
                     "task_id": task.id.0,
                     "text": c.text,
@@ -865,9 +866,10 @@ impl TaskBridge {
             Err(e) => return refuse(e),
         };
         if agent.kind != worker::agent::AgentKind::OpenCode {
-            let program = agent.kind.program_from_env();
+            let cfg = self.worker_config();
+            let (program, env) = (cfg.program(agent.kind).to_path_buf(), cfg.env.clone());
             let listed = tokio::task::spawn_blocking(move || {
-                worker::models::agent_models(agent.kind, &program)
+                worker::models::agent_models(agent.kind, &program, &env)
             })
             .await;
             return match listed {
@@ -878,7 +880,7 @@ impl TaskBridge {
                 Err(e) => self.fail(worker::Error::Join(e.to_string())),
             };
         }
-        let opencode = self.opencode();
+        let opencode = self.worker_config().opencode.clone();
         match self
             .blocking(move |s| {
                 worker::models::list_models(s, &opencode, args.provider.as_deref(), false)
@@ -893,7 +895,7 @@ impl TaskBridge {
     /// Set the model used by tasks that name none (checked against list_models).
     #[tool(annotations(title = "Set the default model", read_only_hint = false))]
     async fn set_default_model(&self, Parameters(args): Parameters<SetModelArgs>) -> ToolResult {
-        let (opencode, model) = (self.opencode(), args.model.clone());
+        let (opencode, model) = (self.worker_config().opencode.clone(), args.model.clone());
         match self.blocking(move |s| worker::models::set_default_model(s, &opencode, &model)).await
         {
             Ok(()) => ok(json!({ "default_model": args.model })),

@@ -136,6 +136,7 @@ fn random_arguments_to_every_claude_tool_never_break_the_bridge() {
         default_model: Some("claude-sonnet-4-5".into()),
         attempts: 1,
         retry_base: std::time::Duration::from_millis(1),
+        host: "test-host".into(),
     };
     let client = rt.block_on(async {
         let bridge = taskbridge_mcp::bridge::ClaudeBridge::new(store.clone(), &cfg);

@@ -278,7 +278,7 @@ async fn restart_worker_requeues_only_a_dead_local_workers_tasks() {
     let mut exited = std::process::Command::new("true").spawn().unwrap();
     exited.wait().unwrap();
     let dead_pid = exited.id();
-    let here = worker::hostname();
+    let here = worker::hostname(&queue::Environment::default());
     let s = &w.store;
     s.register_worker("dead", dead_pid, &here, 1, "opencode serve").unwrap();
     s.register_worker("live", std::process::id(), &here, 1, "opencode serve").unwrap();

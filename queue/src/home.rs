@@ -15,20 +15,17 @@ pub struct Home {
 }
 
 impl Home {
+    /// The home at `root` (relative to the current directory unless absolute).
+    pub fn at(root: impl Into<PathBuf>) -> Result<Home> {
+        Home::resolve(Some(root.into()), &crate::Environment::default())
+    }
+
     /// Resolves the home directory from an explicit choice or the environment.
-    pub fn resolve(explicit: Option<PathBuf>) -> Result<Home> {
+    pub fn resolve(explicit: Option<PathBuf>, env: &crate::Environment) -> Result<Home> {
         let root = explicit
-            .or_else(|| {
-                std::env::var_os("TASKBRIDGE_HOME").filter(|v| !v.is_empty()).map(PathBuf::from)
-            })
-            .or_else(|| {
-                std::env::var_os("XDG_DATA_HOME")
-                    .filter(|v| !v.is_empty())
-                    .map(|d| PathBuf::from(d).join("taskbridge"))
-            })
-            .or_else(|| {
-                std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share/taskbridge"))
-            })
+            .or_else(|| env.path("TASKBRIDGE_HOME"))
+            .or_else(|| env.path("XDG_DATA_HOME").map(|d| d.join("taskbridge")))
+            .or_else(|| env.home_dir().map(|h| h.join(".local/share/taskbridge")))
             .ok_or_else(|| Error::Io {
                 context: "cannot find a home directory; set TASKBRIDGE_HOME or pass --home".into(),
                 source: std::io::Error::from(ErrorKind::NotFound),
@@ -95,5 +92,30 @@ pub fn create_private_file(path: &Path) -> Result<()> {
             Ok(())
         }
         Err(e) => Err(io(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Environment;
+
+    #[test]
+    fn the_home_is_the_flag_else_taskbridge_home_else_xdg_data_home_else_under_home() {
+        let env = |vars: &[(&str, &str)]| Environment::from_vars(vars.iter().copied());
+        let root = |explicit: Option<&str>, e: &Environment| {
+            Home::resolve(explicit.map(PathBuf::from), e).map(|h| h.root().to_path_buf())
+        };
+        let all = env(&[("TASKBRIDGE_HOME", "/t"), ("XDG_DATA_HOME", "/x"), ("HOME", "/h")]);
+        assert_eq!(root(Some("/flag"), &all).unwrap(), Path::new("/flag"));
+        assert_eq!(root(None, &all).unwrap(), Path::new("/t"));
+        let xdg = env(&[("TASKBRIDGE_HOME", ""), ("XDG_DATA_HOME", "/x"), ("HOME", "/h")]);
+        assert_eq!(root(None, &xdg).unwrap(), Path::new("/x/taskbridge"), "empty is unset");
+        let home = env(&[("XDG_DATA_HOME", ""), ("HOME", "/h")]);
+        assert_eq!(root(None, &home).unwrap(), Path::new("/h/.local/share/taskbridge"));
+        let e = root(None, &Environment::default()).unwrap_err().to_string();
+        assert!(e.contains("set TASKBRIDGE_HOME or pass --home"), "{e}");
+        let relative = Home::at("rel").unwrap();
+        assert!(relative.root().is_absolute() && relative.root().ends_with("rel"));
     }
 }

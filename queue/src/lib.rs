@@ -5,7 +5,8 @@
 //! two backends: a SQLite file (the default; `BEGIN IMMEDIATE`) and a PostgreSQL schema for
 //! workers on several hosts (row locks, a `SKIP LOCKED` claim, LISTEN/NOTIFY), chosen by a
 //! [`Location`]. Also the home directory layout with its private permissions ([`Home`]),
-//! cross-process change notification ([`ChangeWatcher`]), the reverse bridge's Claude jobs
+//! cross-process change notification ([`ChangeWatcher`]), the process environment as a value the
+//! binary reads once and hands down ([`Environment`]: no library crate reads the environment), the reverse bridge's Claude jobs
 //! ([`jobs`]) and copying a whole queue between backends ([`copy`]).
 //!
 //! The database is the only channel between the MCP server, the worker, the TUI and the CLI, so
@@ -15,6 +16,7 @@
 //! see `pg::off_runtime`.)
 
 pub mod copy;
+mod environment;
 pub mod error;
 pub mod home;
 pub mod jobs;
@@ -28,6 +30,7 @@ pub mod store;
 pub mod watch;
 
 pub use copy::copy_queue;
+pub use environment::Environment;
 pub use error::{Error, Result};
 pub use home::Home;
 pub use jobs::{Job, JobId, JobOutcome, JobOwner, JobStatus};

@@ -486,7 +486,7 @@ fn status_counts_blocked_apart_from_queued(b: Backend) {
 fn sqlite_database_and_home_are_private() {
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
-    let home = Home::resolve(Some(dir.path().join("home"))).unwrap();
+    let home = Home::at(dir.path().join("home")).unwrap();
     home.ensure().unwrap();
     let _store = Store::open(home.db_path()).unwrap();
     let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;

@@ -25,8 +25,9 @@ pub struct TuiOptions {
     pub mcp: tokio::sync::watch::Receiver<String>,
     pub token_set: bool,
     pub worker: Option<Arc<Worker>>,
-    /// The OpenCode executable, to check a new task's model against what it offers.
-    pub opencode: PathBuf,
+    /// The worker's configuration, to check a new task against (its agent's program, its
+    /// model), and the environment the TUI started in.
+    pub worker_config: worker::WorkerConfig,
 }
 
 fn now() -> f64 {
@@ -103,7 +104,7 @@ pub async fn run(opts: TuiOptions, shutdown: CancellationToken) -> std::io::Resu
         store: opts.store.clone(),
         home: opts.home.clone(),
         cwd: opts.cwd.clone(),
-        opencode: opts.opencode.clone(),
+        worker_config: Arc::new(opts.worker_config.clone()),
         tx: tx.clone(),
     };
     fx.reload(model.filter);
@@ -175,7 +176,7 @@ struct Effects {
     home: Home,
     /// Where the TUI started: the base of a relative repository path in the new-task dialog.
     cwd: PathBuf,
-    opencode: PathBuf,
+    worker_config: Arc<worker::WorkerConfig>,
     tx: mpsc::UnboundedSender<Msg>,
 }
 
@@ -285,12 +286,12 @@ impl Effects {
                 });
             }
             Effect::Queue(op) => {
-                let (cwd, opencode) = (self.cwd.clone(), self.opencode.clone());
+                let (cwd, cfg) = (self.cwd.clone(), self.worker_config.clone());
                 tokio::task::spawn_blocking(move || match op {
                     Op::Submit { prompt, repo } => {
-                        send(Event::Submitted(submit(&store, &cwd, &opencode, prompt, &repo)))
+                        send(Event::Submitted(submit(&store, &cwd, &cfg, prompt, &repo)))
                     }
-                    op => send(Event::OpDone(apply(&store, &cwd, &opencode, op))),
+                    op => send(Event::OpDone(apply(&store, &cwd, &cfg, op))),
                 });
             }
         }
@@ -362,7 +363,7 @@ pub fn plan_lines(store: &Store, id: TaskId) -> Vec<String> {
 fn apply(
     store: &Store,
     cwd: &std::path::Path,
-    opencode: &std::path::Path,
+    cfg: &worker::WorkerConfig,
     op: Op,
 ) -> Result<String, String> {
     let e = |e: queue::Error| e.to_string();
@@ -403,7 +404,7 @@ fn apply(
         Op::Note(id, text) => {
             store.add_note(TaskId(id), &text).map(|_| format!("task {id}: note added")).map_err(e)
         }
-        Op::Submit { prompt, repo } => submit(store, cwd, opencode, prompt, &repo).map(|(_, m)| m),
+        Op::Submit { prompt, repo } => submit(store, cwd, cfg, prompt, &repo).map(|(_, m)| m),
     }
 }
 
@@ -411,16 +412,16 @@ fn apply(
 fn submit(
     store: &Store,
     cwd: &Path,
-    opencode: &Path,
+    cfg: &worker::WorkerConfig,
     prompt: String,
     repo: &str,
 ) -> Result<(i64, String), String> {
     // `~/…` as a shell would read it.
-    let repo = match (repo.strip_prefix("~/"), std::env::var_os("HOME")) {
-        (Some(rest), Some(home)) => PathBuf::from(home).join(rest),
+    let repo = match (repo.strip_prefix("~/"), cfg.env.home_dir()) {
+        (Some(rest), Some(home)) => home.join(rest),
         _ => PathBuf::from(repo),
     };
-    worker::submit(store, cwd, opencode, worker::SubmitRequest::new(prompt, repo))
+    worker::submit(store, cwd, cfg, worker::SubmitRequest::new(prompt, repo))
         .map(|(t, _, warnings)| {
             let said = match warnings.first() {
                 Some(w) => format!("task {} submitted; {w}", t.id.0),

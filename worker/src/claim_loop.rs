@@ -62,7 +62,7 @@ impl Worker {
         let wake = Arc::new(Notify::new());
         let w = wake.clone();
         store.on_change(move || w.notify_one());
-        let host = hostname();
+        let host = hostname(&cfg.env);
         let id = format!("{host}:{}:{}", std::process::id(), fastrand::u32(..) % 100_000);
         let notifier = notify::Notifier::new(cfg.notify.clone());
         let server = (cfg.opencode_mode == OpenCodeMode::Serve).then(|| {
@@ -77,7 +77,7 @@ impl Worker {
             }
             let mut env: Vec<(String, String)> =
                 content.map(|c| ("OPENCODE_CONFIG_CONTENT".to_owned(), c)).into_iter().collect();
-            env.extend(crate::agent::opencode_serve::npm_retries(|k| std::env::var(k).ok()));
+            env.extend(crate::agent::opencode_serve::npm_retries(&cfg.env));
             crate::agent::opencode_serve::ServeAgent::new(cfg.opencode.clone(), env, &home, &id)
         });
         Arc::new(Worker {
@@ -465,8 +465,7 @@ impl Worker {
         crate::agent::ALL
             .iter()
             .filter(|k| {
-                **k == AgentKind::OpenCode
-                    || crate::agent::find_program(self.program(**k)).is_some()
+                **k == AgentKind::OpenCode || self.cfg.env.find_program(self.program(**k)).is_some()
             })
             .map(|k| k.name())
             .collect()
@@ -474,11 +473,7 @@ impl Worker {
 
     /// The CLI an agent runs as, as this worker is configured.
     pub fn program(&self, kind: AgentKind) -> &Path {
-        match kind {
-            AgentKind::OpenCode => &self.cfg.opencode,
-            AgentKind::ClaudeCode => &self.cfg.claude,
-            AgentKind::Codex => &self.cfg.codex,
-        }
+        self.cfg.program(kind)
     }
 }
 

@@ -70,6 +70,20 @@ pub struct WorkerConfig {
     /// Run every task that has a remote from this worker's mirror of it (and push its branch
     /// back), even when the repository is on this host (`--use-remote`).
     pub use_remote: bool,
+    /// The environment the binary started in: the host's name, PATH, the agents' own settings.
+    pub env: queue::Environment,
+}
+
+impl WorkerConfig {
+    /// The CLI this worker runs `kind` with.
+    pub fn program(&self, kind: crate::agent::AgentKind) -> &Path {
+        use crate::agent::AgentKind;
+        match kind {
+            AgentKind::OpenCode => &self.opencode,
+            AgentKind::ClaudeCode => &self.claude,
+            AgentKind::Codex => &self.codex,
+        }
+    }
 }
 
 impl Default for WorkerConfig {
@@ -90,6 +104,7 @@ impl Default for WorkerConfig {
             notify: NotifyConfig::default(),
             fault_worktree_pause: None,
             use_remote: false,
+            env: queue::Environment::default(),
         }
     }
 }
@@ -147,8 +162,8 @@ pub struct SetupConfig {
 /// The name this host goes by in the queue: `TASKBRIDGE_HOST` when set (a container whose
 /// hostname changes at every start, say), else the system's hostname. Workers, reapers and
 /// the reverse bridge use it to tell their own host's processes from other hosts'.
-pub fn hostname() -> String {
-    host_from(std::env::var("TASKBRIDGE_HOST").ok())
+pub fn hostname(env: &queue::Environment) -> String {
+    host_from(env.var("TASKBRIDGE_HOST"))
 }
 
 /// The host's name given what `TASKBRIDGE_HOST` holds.
@@ -188,7 +203,9 @@ mod tests {
         assert_eq!(host_from(None), system);
         assert_eq!(host_from(Some("  ".into())), system, "a blank name names none");
         assert_eq!(host_from(Some(" box-1\n".into())), "box-1");
-        assert_eq!(hostname(), host_from(std::env::var("TASKBRIDGE_HOST").ok()));
+        let named = queue::Environment::from_vars([("TASKBRIDGE_HOST", " box-2 ")]);
+        assert_eq!(hostname(&named), "box-2");
+        assert_eq!(hostname(&queue::Environment::default()), system);
     }
 
     #[test]

@@ -308,7 +308,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_task_the_sweep_fails_is_heard_by_the_webhook_and_a_requeued_one_is_not() {
         let dir = tempfile::tempdir().unwrap();
-        let home = Home::resolve(Some(dir.path().join("home"))).unwrap();
+        let home = Home::at(dir.path().join("home")).unwrap();
         home.ensure().unwrap();
         let store = Arc::new(Store::open(home.db_path()).unwrap());
         let spec = |title: &str| {

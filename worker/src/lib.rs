@@ -24,6 +24,10 @@
 //!
 //! The front ends use what is re-exported here and the six public modules; the rest is private.
 //!
+//! It reads no environment variable itself: what the process was started with comes in
+//! `WorkerConfig::env` (a `queue::Environment` the binary read once), and programs are found
+//! on PATH only through `Environment::find_program`.
+//!
 //! It depends on `taskbridge-queue` and must not depend on the UI or MCP crates: those sit on top
 //! of it and meet it only through the queue database.
 

@@ -11,8 +11,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Where a task's log is when this host has none of it: on the host of the worker that ran
 /// it (a queue shared by several hosts keeps results in the database, full logs on hosts).
-pub fn elsewhere(task: &queue::Task, local_size: u64) -> Option<String> {
-    let here = crate::config::hostname();
+/// `here` is this host's name ([`crate::hostname`]).
+pub fn elsewhere(task: &queue::Task, local_size: u64, here: &str) -> Option<String> {
     let host = task.worker_host.as_deref().filter(|h| *h != here && local_size == 0)?;
     Some(format!(
         "the log is on host {host}, in the logs directory of its worker's home (task-{}.log); \

@@ -147,9 +147,10 @@ pub fn set_default_model(store: &Store, opencode: &Path, model: &str) -> Result<
 pub fn agent_models(
     kind: crate::agent::AgentKind,
     program: &Path,
+    env: &queue::Environment,
 ) -> Result<(Vec<String>, Option<String>)> {
     use crate::agent::AgentKind;
-    if let Some(missing) = kind.missing(program) {
+    if let Some(missing) = kind.missing(program, env) {
         return Err(Error::Config(missing));
     }
     match kind {

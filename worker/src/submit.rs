@@ -2,6 +2,7 @@
 //! and ref with git, then enqueue.
 
 use crate::agent::{AgentKind, AgentSpec};
+use crate::config::WorkerConfig;
 use crate::error::Result;
 use crate::git;
 use crate::models::{ModelCheck, check_model};
@@ -73,25 +74,25 @@ pub struct Submitted {
 }
 
 /// Submits several requests, all or none. Each `model` is checked against the models the
-/// OpenCode at `opencode` offers (an unknown one refuses the whole batch).
+/// OpenCode of `cfg` offers (an unknown one refuses the whole batch).
 pub fn submit_batch(
     store: &Store,
     cwd: &Path,
-    opencode: &Path,
+    cfg: &WorkerConfig,
     reqs: Vec<SubmitRequest>,
     shared: queue::Budget,
 ) -> Result<Submitted> {
     let mut warnings = Vec::new();
     let mut reqs = reqs;
     for r in &mut reqs {
-        r.spec.agent = check_agent(&r.spec)?.stored();
+        r.spec.agent = check_agent(&r.spec, cfg)?.stored();
     }
     let mut checked = std::collections::BTreeSet::new();
     // OpenCode's models are checked against its list; the other agents take their own names.
     let opencode_models = reqs.iter().filter(|r| kind_of(&r.spec) == AgentKind::OpenCode);
     for model in opencode_models.filter_map(|r| r.spec.model.as_deref()) {
         if checked.insert(model.to_owned())
-            && let ModelCheck::Unverified(why) = check_model(store, opencode, model)?
+            && let ModelCheck::Unverified(why) = check_model(store, &cfg.opencode, model)?
         {
             warnings.push(format!("model '{model}' was not checked ({why}); its worker will be"));
         }
@@ -124,7 +125,7 @@ pub fn submit_batch(
                     "{} has no remote (no origin and no --remote), so only a worker on this \
                      host ({}) can run the task",
                     spec.repo,
-                    crate::config::hostname()
+                    crate::config::hostname(&cfg.env)
                 )),
             }
         }
@@ -170,11 +171,11 @@ pub fn submit_batch(
 
 /// The agent a task names, refused when it is unknown or its CLI is missing here (with the
 /// command that installs it). OpenCode's own CLI is checked by its model check and its worker.
-fn check_agent(spec: &TaskSpec) -> Result<AgentSpec> {
+fn check_agent(spec: &TaskSpec, cfg: &WorkerConfig) -> Result<AgentSpec> {
     let agent =
         AgentSpec::parse(spec.agent.as_deref().unwrap_or("")).map_err(crate::Error::Config)?;
     if agent.kind != AgentKind::OpenCode
-        && let Some(missing) = agent.kind.missing(&agent.kind.program_from_env())
+        && let Some(missing) = agent.kind.missing(cfg.program(agent.kind), &cfg.env)
     {
         return Err(crate::Error::Config(missing));
     }
@@ -236,10 +237,10 @@ fn uncommitted_warning(repo: &str, dirty: &[String]) -> Option<String> {
 pub fn submit(
     store: &Store,
     cwd: &Path,
-    opencode: &Path,
+    cfg: &WorkerConfig,
     req: SubmitRequest,
 ) -> Result<(Task, bool, Vec<String>)> {
-    let mut out = submit_batch(store, cwd, opencode, vec![req], queue::Budget::default())?;
+    let mut out = submit_batch(store, cwd, cfg, vec![req], queue::Budget::default())?;
     let (task, created) =
         out.tasks.pop().ok_or_else(|| crate::Error::Config("nothing was submitted".into()))?;
     Ok((task, created, out.warnings))

@@ -71,36 +71,28 @@ pub struct BridgeConfig {
     /// unless the API says `retry-after`).
     pub attempts: u32,
     pub retry_base: Duration,
-}
-
-fn env_nonempty(key: &str) -> Option<String> {
-    std::env::var(key).ok().filter(|v| !v.trim().is_empty())
-}
-
-/// The first executable named `name` on PATH.
-pub fn which(name: &str) -> Option<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path).map(|d| d.join(name)).find(|p| {
-        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-    })
+    /// The name this host goes by in the queue, which the bridge's jobs are owned under.
+    pub host: String,
 }
 
 impl BridgeConfig {
-    pub fn from_env() -> Self {
-        let retry_ms = env_nonempty("TASKBRIDGE_CLAUDE_RETRY_BASE_MS")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(1000);
+    /// As the environment the binary started in says.
+    pub fn from_env(env: &queue::Environment) -> Self {
+        let retry_ms =
+            env.var("TASKBRIDGE_CLAUDE_RETRY_BASE_MS").and_then(|v| v.parse().ok()).unwrap_or(1000);
         BridgeConfig {
-            api_key: env_nonempty("ANTHROPIC_API_KEY"),
-            base_url: env_nonempty("ANTHROPIC_BASE_URL")
+            api_key: env.var("ANTHROPIC_API_KEY"),
+            base_url: env
+                .var("ANTHROPIC_BASE_URL")
                 .unwrap_or_else(|| "https://api.anthropic.com".into()),
-            claude_cli: env_nonempty("TASKBRIDGE_CLAUDE")
+            claude_cli: env
+                .var("TASKBRIDGE_CLAUDE")
                 .map(PathBuf::from)
-                .or_else(|| which("claude")),
-            default_model: env_nonempty("TASKBRIDGE_CLAUDE_MODEL"),
+                .or_else(|| env.find_program(std::path::Path::new("claude"))),
+            default_model: env.var("TASKBRIDGE_CLAUDE_MODEL"),
             attempts: 4,
             retry_base: Duration::from_millis(retry_ms),
+            host: worker::hostname(env),
         }
     }
 }

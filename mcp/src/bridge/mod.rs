@@ -51,9 +51,10 @@ pub struct ClaudeBridge {
     inner: Arc<Inner>,
 }
 
-fn this_process() -> JobOwner {
+/// This process as a job's owner, on host `host`.
+fn this_process(host: &str) -> JobOwner {
     let pid = std::process::id() as i64;
-    JobOwner { host: worker::hostname(), pid, started: worker::process::process_start_time(pid) }
+    JobOwner { host: host.to_owned(), pid, started: worker::process::process_start_time(pid) }
 }
 
 /// A job's owner is alive if a process with its pid runs and started when the owner did.
@@ -75,7 +76,7 @@ impl ClaudeBridge {
             inner: Arc::new(Inner {
                 store,
                 backend: Backend::choose(cfg),
-                owner: this_process(),
+                owner: this_process(&cfg.host),
                 running: Mutex::new(HashMap::new()),
                 shutdown: CancellationToken::new(),
             }),

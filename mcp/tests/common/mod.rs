@@ -44,7 +44,7 @@ pub async fn world() -> World {
     std::fs::write(repo.join("a.txt"), "a\n").unwrap();
     git(&repo, &["add", "."]);
     git(&repo, &["commit", "-qm", "init"]);
-    let home = Home::resolve(Some(dir.path().join("home"))).unwrap();
+    let home = Home::at(dir.path().join("home")).unwrap();
     home.ensure().unwrap();
     let store = Arc::new(Store::open(home.db_path()).unwrap());
     let server = TaskBridge::new(

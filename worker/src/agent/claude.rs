@@ -79,6 +79,15 @@ pub struct ClaudeStream {
     open: HashMap<String, (String, String)>,
     /// The assistant message being streamed: a new one is a new step.
     message: Option<String>,
+    /// Where Claude Code sends its requests (`ANTHROPIC_BASE_URL`), named in a refusal.
+    base_url: Option<String>,
+}
+
+impl ClaudeStream {
+    /// The stream of a Claude Code started in `env`.
+    pub fn new(env: &queue::Environment) -> Self {
+        ClaudeStream { base_url: env.var("ANTHROPIC_BASE_URL"), ..Default::default() }
+    }
 }
 
 impl AgentProtocol for ClaudeStream {
@@ -103,7 +112,7 @@ impl AgentProtocol for ClaudeStream {
                             message: "the Messages API refused Claude Code's credentials".into(),
                             status,
                             retryable: Some(false),
-                            url: std::env::var("ANTHROPIC_BASE_URL").ok(),
+                            url: self.base_url.clone(),
                         }));
                     } else {
                         out.push(AgentEvent::Note(format!(
@@ -319,19 +328,16 @@ fn questions_of(input: &Value) -> Vec<AgentQuestion> {
 }
 
 /// Claude Code's configuration directory, where it keeps its sessions.
-fn config_dir() -> Option<PathBuf> {
-    std::env::var_os("CLAUDE_CONFIG_DIR")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".claude")))
+fn config_dir(env: &queue::Environment) -> Option<PathBuf> {
+    env.path("CLAUDE_CONFIG_DIR").or_else(|| env.home_dir().map(|h| h.join(".claude")))
 }
 
 /// Makes `session` resumable from `dir`. Claude Code looks a session up only under the project
 /// directory it was started in (`projects/<path with every other character than a letter or
 /// digit made '-'>`), and a follow-up runs in a new worktree: its parent's transcript is copied
 /// there. Nothing to do when it is there already or cannot be found (the resume then says so).
-pub fn carry_session(session: &str, dir: &Path) {
-    let Some(projects) = config_dir().map(|d| d.join("projects")) else { return };
+pub fn carry_session(session: &str, dir: &Path, env: &queue::Environment) {
+    let Some(projects) = config_dir(env).map(|d| d.join("projects")) else { return };
     let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
     let key: String = dir
         .to_string_lossy()

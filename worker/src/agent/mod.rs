@@ -194,17 +194,14 @@ impl AgentKind {
         }
     }
 
-    /// Its CLI as configured: the environment variable, else the program on PATH.
-    pub fn program_from_env(self) -> PathBuf {
-        std::env::var_os(self.env_var())
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from(self.default_program()))
+    /// Its CLI as configured in `env`: the environment variable, else the program on PATH.
+    pub fn program_in(self, env: &queue::Environment) -> PathBuf {
+        env.path(self.env_var()).unwrap_or_else(|| PathBuf::from(self.default_program()))
     }
 
     /// Why this agent cannot run here (its CLI is missing), with the command that fixes it.
-    pub fn missing(self, program: &Path) -> Option<String> {
-        if find_program(program).is_some() {
+    pub fn missing(self, program: &Path, env: &queue::Environment) -> Option<String> {
+        if env.find_program(program).is_some() {
             return None;
         }
         Some(format!(
@@ -216,21 +213,6 @@ impl AgentKind {
             self.env_var()
         ))
     }
-}
-
-/// `program` itself when it is a path to an executable, else the first executable of that name
-/// on PATH.
-pub fn find_program(program: &Path) -> Option<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    let runnable = |p: &Path| {
-        std::fs::metadata(p)
-            .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-            .unwrap_or(false)
-    };
-    if program.components().count() > 1 {
-        return runnable(program).then(|| program.to_path_buf());
-    }
-    std::env::split_paths(&std::env::var_os("PATH")?).map(|d| d.join(program)).find(|p| runnable(p))
 }
 
 /// A model name as this agent takes it: OpenCode's `provider/model` loses its provider for the

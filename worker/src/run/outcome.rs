@@ -391,7 +391,7 @@ mod tests {
         dir: &std::path::Path,
     ) -> (std::sync::Arc<Worker>, std::sync::Arc<queue::Store>) {
         use std::os::unix::fs::PermissionsExt;
-        let home = queue::Home::resolve(Some(dir.join("home"))).unwrap();
+        let home = queue::Home::at(dir.join("home")).unwrap();
         home.ensure().unwrap();
         let store = std::sync::Arc::new(queue::Store::open(home.db_path()).unwrap());
         let opencode = dir.join("opencode");

@@ -256,18 +256,18 @@ impl Worker {
         // The agent asks again for what was approved; this time it is let through.
         grants.once.extend(talk.approved());
         let program = self.program(kind).to_path_buf();
-        if let Some(missing) = kind.missing(&program) {
+        if let Some(missing) = kind.missing(&program, &self.cfg.env) {
             return Err(Outcome::FailedPermanently { error: missing, result: None }.into());
         }
         let (args, stdin, mut protocol): (_, _, Box<dyn crate::agent::AgentProtocol>) = match kind {
             AgentKind::ClaudeCode => {
                 if let Some(s) = &session {
-                    crate::agent::claude::carry_session(s, dir);
+                    crate::agent::claude::carry_session(s, dir, &self.cfg.env);
                 }
                 (
                     crate::agent::claude::args(task, model, session.as_deref()),
                     crate::agent::claude::prompt_line(&talk.prompt),
-                    Box::new(crate::agent::claude::ClaudeStream::default()),
+                    Box::new(crate::agent::claude::ClaudeStream::new(&self.cfg.env)),
                 )
             }
             _ => (

@@ -49,9 +49,9 @@ export const TaskbridgeEnv = async () => ({
 /// default retries an offline machine waits about 70 s for each (10 s, then 60 s, between
 /// attempts); with none the install fails at once, which OpenCode logs as a warning and shrugs
 /// off, and online it installs as before. `env` looks a variable up (npm reads either case).
-pub fn npm_retries(env: impl Fn(&str) -> Option<String>) -> Option<(String, String)> {
+pub fn npm_retries(env: &queue::Environment) -> Option<(String, String)> {
     let set =
-        ["npm_config_fetch_retries", "NPM_CONFIG_FETCH_RETRIES"].iter().any(|k| env(k).is_some());
+        ["npm_config_fetch_retries", "NPM_CONFIG_FETCH_RETRIES"].iter().any(|k| env.is_set(k));
     (!set).then(|| ("npm_config_fetch_retries".to_owned(), "0".to_owned()))
 }
 
@@ -263,11 +263,11 @@ mod tests {
 
     #[test]
     fn npm_retries_are_turned_off_unless_the_user_set_them_in_either_case() {
-        let none = |_: &str| None;
-        assert_eq!(npm_retries(none), Some(("npm_config_fetch_retries".into(), "0".into())));
+        let none = queue::Environment::from_vars([("npm_config_other", "1")]);
+        assert_eq!(npm_retries(&none), Some(("npm_config_fetch_retries".into(), "0".into())));
         for key in ["npm_config_fetch_retries", "NPM_CONFIG_FETCH_RETRIES"] {
-            let set = |k: &str| (k == key).then(|| "5".to_owned());
-            assert_eq!(npm_retries(set), None, "{key} set by the user");
+            let set = queue::Environment::from_vars([(key, "")]);
+            assert_eq!(npm_retries(&set), None, "{key} set by the user, even to nothing");
         }
     }
 
@@ -282,7 +282,7 @@ mod tests {
     #[test]
     fn a_workers_files_are_named_without_separators() {
         assert_eq!(server_file_name("host:123/a"), "host_123_a");
-        let home = queue::Home::resolve(Some("/h".into())).unwrap();
+        let home = queue::Home::at("/h").unwrap();
         assert_eq!(spares_file(&home, "h:1"), Path::new("/h/servers/h_1.spares.json"));
     }
 
@@ -302,7 +302,7 @@ mod tests {
         crate::git::park_worktree(&spare).unwrap();
         crate::git::prepare_worktree(repo.path(), &base, 2, None, &taken, None).unwrap();
 
-        let home = queue::Home::resolve(Some(root.path().join("home"))).unwrap();
+        let home = queue::Home::at(root.path().join("home")).unwrap();
         let servers = home.root().join("servers");
         std::fs::create_dir_all(&servers).unwrap();
         let listed = json!([
@@ -329,7 +329,7 @@ mod tests {
     #[test]
     fn the_environment_plugin_is_written_into_the_home_and_blanks_the_password() {
         let root = tempfile::tempdir().unwrap();
-        let home = queue::Home::resolve(Some(root.path().join("home"))).unwrap();
+        let home = queue::Home::at(root.path().join("home")).unwrap();
         let path = env_plugin(&home).unwrap();
         assert_eq!(path, home.root().join("opencode-plugin/taskbridge-env.js"));
         let text = std::fs::read_to_string(&path).unwrap();
