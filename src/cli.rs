@@ -220,71 +220,9 @@ pub enum Command {
 
 #[derive(Debug, Args)]
 pub struct SubmitArgs {
-    /// What the agent should do, in plain words; `-` reads it from stdin.
-    pub prompt: String,
-    /// Repository (default: the current directory).
-    #[arg(long)]
-    pub repo: Option<PathBuf>,
-    /// Branch, tag or commit to start from (default HEAD).
-    #[arg(long = "ref", value_name = "REF")]
-    pub base_ref: Option<String>,
-    /// A short name for lists and notifications (default: the prompt's first line).
-    #[arg(long)]
-    pub title: Option<String>,
-    /// -100..=100; higher runs first.
-    #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
-    pub priority: i64,
-    /// Run only after this task is done (repeatable).
-    #[arg(long = "depends-on", visible_alias = "after", value_name = "ID")]
-    pub depends_on: Vec<i64>,
-    /// provider/model, checked against the models OpenCode offers (`taskbridge models`).
-    #[arg(long)]
-    pub model: Option<String>,
-    /// The agent that runs it: opencode (the default), claude-code, codex, or opencode:<agent>
-    /// for one of OpenCode's own agents (opencode:plan).
-    #[arg(long)]
-    pub agent: Option<String>,
-    /// The agent may read but not edit; anything it changes anyway is reverted.
-    #[arg(long)]
-    pub readonly: bool,
-    /// Deny the agent's web fetch and web search tools.
-    #[arg(long)]
-    pub no_network: bool,
-    /// Deny the agent's shell tool.
-    #[arg(long)]
-    pub no_shell: bool,
-    /// Keep the worktree after the task is done (it is removed by default; the branch always
-    /// stays).
-    #[arg(long = "worktree-keep", visible_alias = "keep-worktree")]
-    pub worktree_keep: bool,
-    /// Attempts before the task fails for good.
-    #[arg(long, default_value_t = queue::DEFAULT_MAX_ATTEMPTS)]
-    pub max_attempts: i64,
-    /// Seconds before the run is stopped.
-    #[arg(long, default_value_t = queue::DEFAULT_TIMEOUT_S)]
-    pub timeout: i64,
-    /// Fail the task if its question waits longer than this many seconds.
-    #[arg(long)]
-    pub question_timeout: Option<i64>,
-    /// Idempotency key: a second submit with the same key returns the first task.
-    #[arg(long)]
-    pub request_id: Option<String>,
-    /// The git remote workers on other hosts fetch from and push the task's branch to
-    /// (default: the repository's origin). On a shared queue the base is pushed to
-    /// refs/taskbridge/base/<commit> when no ref there contains it.
-    #[arg(long, value_name = "URL")]
-    pub remote: Option<String>,
-    /// Ask for approval instead of allowing: PERMISSION[:PATTERN], e.g. bash:'git push*',
-    /// external_directory, edit:'*.lock' (repeatable; the pattern defaults to every one).
-    #[arg(long = "ask", value_name = "PERMISSION[:PATTERN]")]
-    pub ask: Vec<String>,
-    /// Stop the agent once the task has spent this many US dollars; it then waits for
-    /// `answer ID continue` (or `continue 2.00`, or `stop`).
-    #[arg(long, value_name = "USD", allow_negative_numbers = true)]
-    pub max_cost_usd: Option<f64>,
-    /// The same for input plus output tokens.
-    #[arg(long, value_name = "N", allow_negative_numbers = true)]
-    pub max_tokens: Option<i64>,
+    /// The task, as `submit_task` takes it (`mcp/src/task_args.rs`).
+    #[command(flatten)]
+    pub task: mcp::task_args::SubmitTaskArgs,
     /// Print the whole task as JSON instead of its id.
     #[arg(long)]
     pub json: bool,

@@ -5,8 +5,9 @@ use crate::cli::{Command, SubmitArgs};
 use anyhow::{Context, bail};
 use queue::{DepRef, ListFilter, StatusFilter, Task, TaskId, TaskStatus};
 use std::io::Read;
+use std::path::PathBuf;
 use std::process::ExitCode;
-use worker::{SubmitRequest, TaskResult};
+use worker::TaskResult;
 
 fn read_arg(text: &str, what: &str) -> anyhow::Result<String> {
     if text != "-" {
@@ -407,26 +408,11 @@ fn unreachable_long_running() -> anyhow::Result<()> {
 }
 
 fn submit(ctx: &Ctx, a: SubmitArgs) -> anyhow::Result<()> {
-    let prompt = read_arg(&a.prompt, "prompt")?;
-    let mut req = SubmitRequest::new(prompt, a.repo.unwrap_or_else(|| ctx.cwd.clone()));
-    req.base_ref = a.base_ref;
-    let spec = &mut req.spec;
-    spec.title = a.title;
-    spec.priority = a.priority;
-    spec.depends_on = a.depends_on.into_iter().map(|i| DepRef::Task(TaskId(i))).collect();
-    spec.model = a.model;
-    spec.agent = a.agent;
-    spec.readonly = a.readonly;
-    spec.no_network = a.no_network;
-    spec.no_shell = a.no_shell;
-    spec.worktree_keep = a.worktree_keep;
-    spec.max_attempts = a.max_attempts;
-    spec.timeout_s = a.timeout;
-    spec.question_timeout_s = a.question_timeout;
-    spec.request_id = a.request_id;
-    spec.remote = a.remote;
-    spec.ask = a.ask;
-    spec.budget = queue::Budget { max_cost_usd: a.max_cost_usd, max_tokens: a.max_tokens };
+    let mut task = a.task;
+    task.prompt = read_arg(&task.prompt, "prompt")?;
+    let repo = task.repo.take().map_or_else(|| ctx.cwd.clone(), PathBuf::from);
+    let deps = task.depends_on.iter().map(|i| DepRef::Task(TaskId(*i))).collect();
+    let req = task.into_request(repo, deps);
     let (task, created, warnings) = worker::submit(&ctx.store, &ctx.cwd, &ctx.config.worker, req)?;
     if a.json {
         print_json(&task)?;

@@ -14,6 +14,7 @@ pub mod http;
 pub mod params;
 pub mod server;
 pub mod sessions;
+pub mod task_args;
 pub mod tools;
 
 pub use bridge::ClaudeBridge;

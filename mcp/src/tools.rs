@@ -12,138 +12,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 use worker::SubmitRequest;
 
+pub use crate::task_args::{BatchDep, BatchItem, SubmitTaskArgs, TaskArgs};
+
 pub const MAX_BATCH: usize = 20;
 pub const MAX_WAIT_S: f64 = 50.0;
 pub const MAX_LOG_BYTES: usize = 262_144;
-
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct SubmitTaskArgs {
-    /// What the agent should do, in full. Up to 256 KiB.
-    pub prompt: String,
-    /// Path of the git repository to work in (default: the server's working directory).
-    #[serde(default)]
-    pub repo: Option<String>,
-    /// Branch, tag or commit to start from (default: HEAD at submit time).
-    #[serde(default, rename = "ref")]
-    pub base_ref: Option<String>,
-    /// Short title (default: the prompt's first line).
-    #[serde(default)]
-    pub title: Option<String>,
-    /// -100..=100, higher runs first (default 0).
-    #[serde(default)]
-    pub priority: Option<i64>,
-    /// Task ids that must be done before this one starts.
-    #[serde(default)]
-    pub depends_on: Vec<i64>,
-    /// provider/model, e.g. anthropic/claude-sonnet-4-5 (default: the configured default).
-    #[serde(default)]
-    pub model: Option<String>,
-    /// The agent that runs it: opencode (the default), claude-code, codex, or opencode:<agent>
-    /// for one of OpenCode's own agents (opencode:plan). Refused when its CLI is not installed.
-    #[serde(default)]
-    pub agent: Option<String>,
-    /// Deny edits; anything changed anyway is reverted and listed.
-    #[serde(default)]
-    pub readonly: bool,
-    /// Deny web fetch and search (shell commands could still reach the network).
-    #[serde(default)]
-    pub no_network: bool,
-    /// Deny shell commands.
-    #[serde(default)]
-    pub no_shell: bool,
-    /// Keep the worktree after success (the branch is always kept).
-    #[serde(default)]
-    pub worktree_keep: bool,
-    /// 1..=20 attempts before the task fails (default 2).
-    #[serde(default)]
-    pub max_attempts: Option<i64>,
-    /// Seconds a run may take, 1..=604800 (default 3600).
-    #[serde(default)]
-    pub timeout_s: Option<i64>,
-    /// Fail the task if its question waits longer than this many seconds.
-    #[serde(default)]
-    pub question_timeout_s: Option<i64>,
-    /// Idempotency key: submitting again with the same key returns the first task.
-    #[serde(default)]
-    pub request_id: Option<String>,
-    /// The git remote a worker on another host fetches the repository from and pushes the
-    /// task's branch to (default: the repository's origin). On a shared (PostgreSQL) queue the
-    /// base commit is pushed to refs/taskbridge/base/<commit> when no ref there contains it.
-    #[serde(default)]
-    pub remote: Option<String>,
-    /// Permission requests that wait for an answer (from Claude or a person) instead of being
-    /// allowed: each "PERMISSION[:PATTERN]", e.g. "bash:git push*", "external_directory",
-    /// "edit:*.lock". The task waits with a question of kind permission when one matches.
-    #[serde(default)]
-    pub ask: Vec<String>,
-    /// Stop the agent when the task's spend passes this many US dollars; the task then waits
-    /// with a question of kind budget (answer continue, continue <new limit>, or stop).
-    #[serde(default)]
-    pub max_cost_usd: Option<f64>,
-    /// The same for input plus output tokens.
-    #[serde(default)]
-    pub max_tokens: Option<i64>,
-}
-
-/// A dependency inside a batch: a task id, or "#N" for item N of the same batch.
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(untagged)]
-pub enum BatchDep {
-    Id(i64),
-    Ref(String),
-}
-
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct BatchItem {
-    /// What the agent should do, in full.
-    pub prompt: String,
-    #[serde(default)]
-    pub repo: Option<String>,
-    #[serde(default, rename = "ref")]
-    pub base_ref: Option<String>,
-    #[serde(default)]
-    pub title: Option<String>,
-    #[serde(default)]
-    pub priority: Option<i64>,
-    /// Task ids, or "#0", "#1", ... for earlier items of this batch.
-    #[serde(default)]
-    pub depends_on: Vec<BatchDep>,
-    #[serde(default)]
-    pub model: Option<String>,
-    /// opencode (the default), claude-code, codex, or opencode:<agent>.
-    #[serde(default)]
-    pub agent: Option<String>,
-    #[serde(default)]
-    pub readonly: bool,
-    #[serde(default)]
-    pub no_network: bool,
-    #[serde(default)]
-    pub no_shell: bool,
-    #[serde(default)]
-    pub worktree_keep: bool,
-    #[serde(default)]
-    pub max_attempts: Option<i64>,
-    #[serde(default)]
-    pub timeout_s: Option<i64>,
-    #[serde(default)]
-    pub question_timeout_s: Option<i64>,
-    #[serde(default)]
-    pub request_id: Option<String>,
-    /// As in submit_task: the git remote for workers on other hosts.
-    #[serde(default)]
-    pub remote: Option<String>,
-    /// As in submit_task: "PERMISSION[:PATTERN]" rules that wait for an answer.
-    #[serde(default)]
-    pub ask: Vec<String>,
-    /// As in submit_task: this task's own budget in US dollars.
-    #[serde(default)]
-    pub max_cost_usd: Option<f64>,
-    /// As in submit_task: this task's own budget in tokens.
-    #[serde(default)]
-    pub max_tokens: Option<i64>,
-}
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -331,54 +204,32 @@ fn field_error(field: &str, message: impl std::fmt::Display) -> ToolResult {
     refuse(format!("invalid {field}: {message}"))
 }
 
-impl SubmitTaskArgs {
-    fn into_request(self, tb: &TaskBridge) -> Result<SubmitRequest, String> {
-        let item = BatchItem {
-            prompt: self.prompt,
-            repo: self.repo,
-            base_ref: self.base_ref,
-            title: self.title,
-            priority: self.priority,
-            depends_on: self.depends_on.into_iter().map(BatchDep::Id).collect(),
-            model: self.model,
-            agent: self.agent,
-            readonly: self.readonly,
-            no_network: self.no_network,
-            no_shell: self.no_shell,
-            worktree_keep: self.worktree_keep,
-            max_attempts: self.max_attempts,
-            timeout_s: self.timeout_s,
-            question_timeout_s: self.question_timeout_s,
-            request_id: self.request_id,
-            remote: self.remote,
-            ask: self.ask,
-            max_cost_usd: self.max_cost_usd,
-            max_tokens: self.max_tokens,
-        };
-        item.into_request(tb, 0)
-    }
-}
-
-impl BatchItem {
-    fn into_request(self, tb: &TaskBridge, index: usize) -> Result<SubmitRequest, String> {
-        let repo = match self.repo {
+impl TaskBridge {
+    /// `args` as a request, its repository under the server's roots and its dependencies
+    /// resolved (`index`: its place in a batch, for the error).
+    fn request<D>(&self, args: TaskArgs<D>, index: usize) -> Result<SubmitRequest, String>
+    where
+        D: Clone + Send + Sync + std::str::FromStr + Into<BatchDep> + 'static,
+        <D as std::str::FromStr>::Err: std::error::Error + Send + Sync + 'static,
+    {
+        let repo = match &args.repo {
             Some(r) => {
-                let p = PathBuf::from(&r);
-                if p.is_absolute() { p } else { tb.cwd().join(p) }
+                let p = PathBuf::from(r);
+                if p.is_absolute() { p } else { self.cwd().join(p) }
             }
-            None => tb.cwd().to_path_buf(),
+            None => self.cwd().to_path_buf(),
         };
-        tb.check_repo_allowed(&repo)?;
+        self.check_repo_allowed(&repo)?;
         let mut depends_on = Vec::new();
-        for d in self.depends_on {
+        for d in args.depends_on.iter().cloned().map(Into::into) {
             depends_on.push(match d {
                 // A task outside the roots is not found, as one that does not exist.
-                BatchDep::Id(id) => tb.dependency(TaskId(id))?,
+                BatchDep::Id(id) => self.dependency(TaskId(id))?,
                 BatchDep::Ref(s) => match s.strip_prefix('#').and_then(|n| n.parse::<usize>().ok())
                 {
                     Some(i) => DepRef::Batch(i),
                     None => match s.parse::<i64>() {
-                        Ok(id) => tb.dependency(TaskId(id))?,
+                        Ok(id) => self.dependency(TaskId(id))?,
                         Err(_) => {
                             return Err(format!(
                                 "invalid depends_on of item #{index}: '{s}' is neither a task id \
@@ -389,27 +240,7 @@ impl BatchItem {
                 },
             });
         }
-        let mut req = SubmitRequest::new(self.prompt, repo);
-        req.base_ref = self.base_ref;
-        let spec = &mut req.spec;
-        spec.title = self.title;
-        spec.priority = self.priority.unwrap_or(0);
-        spec.depends_on = depends_on;
-        spec.model = self.model;
-        spec.agent = self.agent;
-        spec.readonly = self.readonly;
-        spec.no_network = self.no_network;
-        spec.no_shell = self.no_shell;
-        spec.worktree_keep = self.worktree_keep;
-        spec.max_attempts = self.max_attempts.unwrap_or(queue::DEFAULT_MAX_ATTEMPTS);
-        spec.timeout_s = self.timeout_s.unwrap_or(queue::DEFAULT_TIMEOUT_S);
-        spec.question_timeout_s = self.question_timeout_s;
-        spec.request_id = self.request_id;
-        spec.remote = self.remote;
-        spec.ask = self.ask;
-        spec.budget =
-            queue::Budget { max_cost_usd: self.max_cost_usd, max_tokens: self.max_tokens };
-        Ok(req)
+        Ok(args.into_request(repo, depends_on))
     }
 }
 
@@ -428,7 +259,7 @@ impl TaskBridge {
     /// it). Follow with wait_for, then get_task_result.
     #[tool(annotations(title = "Submit a task", read_only_hint = false, idempotent_hint = false))]
     async fn submit_task(&self, Parameters(args): Parameters<SubmitTaskArgs>) -> ToolResult {
-        let req = match args.into_request(self) {
+        let req = match self.request(args, 0) {
             Ok(r) => r,
             Err(e) => return refuse(e),
         };
@@ -457,7 +288,7 @@ impl TaskBridge {
         }
         let mut reqs = Vec::new();
         for (i, item) in args.tasks.into_iter().enumerate() {
-            match item.into_request(self, i) {
+            match self.request(item, i) {
                 Ok(r) => reqs.push(r),
                 Err(e) => return refuse(e),
             }
