@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::world;
+use common::{world, world_with};
 use queue::{Outcome, TaskId};
 use serde_json::{Value, json};
 use std::path::Path;
@@ -267,6 +267,23 @@ async fn notes_priority_cancel_retry_and_clear() {
     assert_eq!(w.call("worker_heartbeat", json!({})).await, workers);
     let tools = w.client.list_all_tools().await.unwrap();
     assert!(tools.iter().all(|t| t.name != "worker_heartbeat"));
+}
+
+/// The host a server goes by is the one its environment names (`TASKBRIDGE_HOST`), not the
+/// system's: a dead worker registered under that name is this host's, one under the system's
+/// name another host's.
+#[tokio::test]
+async fn restart_worker_knows_this_host_by_the_name_the_server_was_started_with() {
+    let env = queue::Environment::from_vars([("TASKBRIDGE_HOST", "box-under-test")]);
+    let w = world_with(worker::WorkerConfig { env, ..Default::default() }).await;
+    let mut exited = std::process::Command::new("true").spawn().unwrap();
+    exited.wait().unwrap();
+    let system = worker::hostname(&queue::Environment::default());
+    assert_ne!(system, "box-under-test");
+    w.store.register_worker("named", exited.id(), "box-under-test", 1, "opencode serve").unwrap();
+    w.store.register_worker("system", exited.id(), &system, 1, "opencode serve").unwrap();
+    let r = w.call("restart_worker", json!({})).await;
+    assert_eq!(r["restarted"], json!(["named"]), "{r}");
 }
 
 /// `restart_worker` gives back the running tasks of a worker of this host whose process is

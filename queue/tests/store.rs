@@ -17,6 +17,7 @@ use taskbridge_queue::*;
 const LEASE: Duration = Duration::from_secs(30);
 
 on_both!(
+    a_listener_hears_each_committed_change_and_not_a_claim_that_found_nothing,
     submit_stores_every_field_and_defaults,
     happy_path_queued_running_done,
     forbidden_transitions_are_errors_and_write_nothing,
@@ -72,6 +73,24 @@ fn claim(store: &Store) -> Option<Claim> {
 
 fn done() -> Outcome {
     Outcome::Done { result: serde_json::json!({"summary": "ok"}) }
+}
+
+fn a_listener_hears_each_committed_change_and_not_a_claim_that_found_nothing(b: Backend) {
+    let (_db, store) = open(b);
+    let heard = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = heard.clone();
+    store.on_change(move || {
+        count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    });
+    let heard = || heard.load(std::sync::atomic::Ordering::SeqCst);
+    submit(&store, "one");
+    assert_eq!(heard(), 1, "a submit is a change");
+    let c = claim(&store).unwrap();
+    assert_eq!(heard(), 2, "a claim that took a task is one");
+    assert!(claim(&store).is_none());
+    assert_eq!(heard(), 2, "a claim that found nothing wakes no one");
+    store.finish(c.task.id, c.token, done()).unwrap();
+    assert_eq!(heard(), 3);
 }
 
 fn submit_stores_every_field_and_defaults(b: Backend) {

@@ -37,6 +37,11 @@ pub fn git(dir: &Path, args: &[&str]) {
 }
 
 pub async fn world() -> World {
+    world_with(worker::WorkerConfig::default()).await
+}
+
+/// A world whose server was started with `config` (its environment, its programs).
+pub async fn world_with(config: worker::WorkerConfig) -> World {
     let dir = tempfile::tempdir().unwrap();
     let repo = dir.path().join("repo");
     std::fs::create_dir(&repo).unwrap();
@@ -47,13 +52,7 @@ pub async fn world() -> World {
     let home = Home::at(dir.path().join("home")).unwrap();
     home.ensure().unwrap();
     let store = Arc::new(Store::open(home.db_path()).unwrap());
-    let server = TaskBridge::new(
-        store.clone(),
-        home.clone(),
-        repo.clone(),
-        None,
-        worker::WorkerConfig::default(),
-    );
+    let server = TaskBridge::new(store.clone(), home.clone(), repo.clone(), None, config);
     let (server_io, client_io) = tokio::io::duplex(1 << 20);
     let handle = server.clone();
     tokio::spawn(async move {
