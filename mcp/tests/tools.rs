@@ -284,6 +284,16 @@ async fn restart_worker_knows_this_host_by_the_name_the_server_was_started_with(
     w.store.register_worker("system", exited.id(), &system, 1, "opencode serve").unwrap();
     let r = w.call("restart_worker", json!({})).await;
     assert_eq!(r["restarted"], json!(["named"]), "{r}");
+    // A task a worker of this host (by that name) runs has its log here: no word of another.
+    w.store
+        .register_worker("local", std::process::id(), "box-under-test", 1, "opencode serve")
+        .unwrap();
+    let base = "0123456789abcdef0123456789abcdef01234567";
+    let (t, _) = w.store.submit(queue::TaskSpec::new("t", "/tmp/r", base)).unwrap();
+    w.store.claim_next("local", "box-under-test", Duration::from_secs(600)).unwrap().unwrap();
+    let logs = w.call("get_task_logs", json!({"task_id": t.id.0})).await;
+    assert_eq!(logs["host"], "box-under-test", "{logs}");
+    assert!(logs.get("where").is_none(), "the log is on this host: {logs}");
 }
 
 /// `restart_worker` gives back the running tasks of a worker of this host whose process is

@@ -17,6 +17,8 @@ use taskbridge_queue::*;
 const LEASE: Duration = Duration::from_secs(30);
 
 on_both!(
+    a_note_reads_back_as_given_to_the_agent_or_as_ended_first,
+    settings_and_the_ids_a_row_lists_read_back,
     a_listener_hears_each_committed_change_and_not_a_claim_that_found_nothing,
     submit_stores_every_field_and_defaults,
     happy_path_queued_running_done,
@@ -91,6 +93,47 @@ fn a_listener_hears_each_committed_change_and_not_a_claim_that_found_nothing(b: 
     assert_eq!(heard(), 2, "a claim that found nothing wakes no one");
     store.finish(c.task.id, c.token, done()).unwrap();
     assert_eq!(heard(), 3);
+}
+
+fn a_note_reads_back_as_given_to_the_agent_or_as_ended_first(b: Backend) {
+    let (_db, store) = open(b);
+    let id = submit(&store, "a");
+    let c = claim(&store).unwrap();
+    store.add_note(id, "given").unwrap();
+    assert_eq!(store.take_notes(id, c.token).unwrap(), vec!["given".to_owned()]);
+    store.add_note(id, "late").unwrap();
+    let fresh = store.get(id).unwrap().notes;
+    let flags = |t: &Task| t.notes.iter().map(|n| (n.delivered, n.ended_first)).collect::<Vec<_>>();
+    assert_eq!(fresh.len(), 2);
+    assert_eq!(flags(&store.get(id).unwrap()), vec![(true, false), (false, false)]);
+    store.finish(id, c.token, done()).unwrap();
+    assert_eq!(
+        flags(&store.get(id).unwrap()),
+        vec![(true, false), (false, true)],
+        "the note the agent never got is marked so when its task ends"
+    );
+}
+
+fn settings_and_the_ids_a_row_lists_read_back(b: Backend) {
+    let (_db, store) = open(b);
+    assert_eq!(store.setting("default_model").unwrap(), None);
+    assert_eq!(store.queue_status().unwrap().default_model, None);
+    store.set_setting("default_model", "anthropic/claude-x").unwrap();
+    assert_eq!(store.setting("default_model").unwrap().as_deref(), Some("anthropic/claude-x"));
+    assert_eq!(store.queue_status().unwrap().default_model.as_deref(), Some("anthropic/claude-x"));
+    let (a, c) = (submit(&store, "a"), submit(&store, "c"));
+    let mut after = spec("b");
+    after.depends_on = vec![DepRef::Task(a), DepRef::Task(c)];
+    let b_id = store.submit(after).unwrap().0.id;
+    let rows = store.rows(None).unwrap();
+    let mut waiting = rows.iter().find(|r| r.id == b_id).unwrap().waiting_on.clone();
+    waiting.sort();
+    assert_eq!(waiting, vec![a, c]);
+    assert_eq!(rows.iter().find(|r| r.id == a).unwrap().waiting_on, vec![]);
+    store.register_worker("w1", std::process::id(), "host", 2, "opencode serve").unwrap();
+    let first = claim(&store).unwrap().task.id;
+    let workers = store.list_workers().unwrap();
+    assert_eq!(workers.iter().find(|w| w.id == "w1").unwrap().current_tasks, vec![first]);
 }
 
 fn submit_stores_every_field_and_defaults(b: Backend) {
