@@ -12,6 +12,12 @@
 //! then, on the warm server, `bench=agent.serve.answer`: a native question answered → the
 //! agent's next request. One warm-up task per agent is not counted (OpenCode's first run sets
 //! up its database; the server's first prompt in a directory sets up that directory).
+//!
+//! The floor, in the same run: `bench=agent.opencode.bare` is a bare `opencode serve` in its
+//! default configuration (the mock its only provider), driven as a client that does nothing
+//! else would drive it: a new session and `prompt_async` per task, in a directory it has served
+//! before, until the session goes idle. `bench=agent.floor` divides TaskBridge's warm server by
+//! it: submit → first request, and the model's last answer → `done` over its last answer → idle.
 #![allow(clippy::unwrap_used, dead_code)]
 
 mod common;
@@ -41,6 +47,8 @@ fn opencode() -> PathBuf {
 struct Figures {
     first_request: Vec<f64>,
     done: Vec<f64>,
+    /// The model's last request (answered at once) → the end: `done`, or the session idle.
+    after: Vec<f64>,
 }
 
 fn p50(v: &[f64]) -> f64 {
@@ -180,7 +188,7 @@ fn measure_codex(n: usize) -> Figures {
 
 fn measure_on(label: &str, rig: &Rig, under: &Under<'_>, n: usize) -> Figures {
     let (store, repo) = (&rig.store, &rig.repo);
-    let mut figures = Figures { first_request: Vec::new(), done: Vec::new() };
+    let mut figures = Figures { first_request: Vec::new(), done: Vec::new(), after: Vec::new() };
     for i in 0..=n {
         let before = under.arrivals().len();
         let t0 = Instant::now();
@@ -199,18 +207,212 @@ fn measure_on(label: &str, rig: &Rig, under: &Under<'_>, n: usize) -> Figures {
             assert!(Instant::now() < deadline, "{label}: task {} never finished", task.id);
             std::thread::sleep(Duration::from_millis(2));
         }
-        let done = t0.elapsed().as_secs_f64() * 1e3;
-        let first = under.arrivals().get(before).map(|a| a.duration_since(t0).as_secs_f64() * 1e3);
+        let end = Instant::now();
+        let arrivals = under.arrivals();
         if i > 0 {
-            figures.done.push(done);
-            figures.first_request.push(first.unwrap());
+            figures.record(t0, end, &arrivals[before..]);
         }
     }
-    println!(
-        "bench=agent.{label} n={n} first_request_p50_ms={:.0} done_p50_ms={:.0}",
-        p50(&figures.first_request),
-        p50(&figures.done)
-    );
+    figures.print(label, n);
+    figures
+}
+
+impl Figures {
+    /// One task that started at `t0`, ended at `end`, and made the model requests `arrivals`.
+    fn record(&mut self, t0: Instant, end: Instant, arrivals: &[Instant]) {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        self.done.push(ms(end - t0));
+        self.first_request.push(ms(arrivals[0] - t0));
+        self.after.push(ms(end - arrivals[arrivals.len() - 1]));
+    }
+
+    fn print(&self, label: &str, n: usize) {
+        println!(
+            "bench=agent.{label} n={n} first_request_p50_ms={:.0} done_p50_ms={:.0} \
+             after_last_answer_p50_ms={:.0}",
+            p50(&self.first_request),
+            p50(&self.done),
+            p50(&self.after)
+        );
+    }
+}
+
+/// A bare `opencode serve`: OpenCode's default configuration but for the mock as its provider,
+/// with the same isolated home as the worker's rig.
+struct Bare {
+    _dir: tempfile::TempDir,
+    repo: PathBuf,
+    port: u16,
+    auth: String,
+    child: std::process::Child,
+}
+
+impl Drop for Bare {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `user:password` as HTTP basic authentication's base64.
+fn basic(text: &str) -> String {
+    const ABC: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in text.as_bytes().chunks(3) {
+        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for k in 0..4 {
+            if k <= chunk.len() {
+                out.push(ABC[(n >> (18 - 6 * k) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+impl Bare {
+    fn start(mock: &MockAnthropic) -> Bare {
+        use std::io::BufRead;
+        let dir = tempfile::tempdir().unwrap();
+        let repo = common::repo(dir.path(), "repo");
+        let oc_home = dir.path().join("ochome");
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let mut child = Command::new(opencode())
+            .args(["serve", "--port", &port.to_string(), "--hostname", "127.0.0.1"])
+            .current_dir(&repo)
+            .env("OPENCODE_SERVER_PASSWORD", "bench")
+            .env("OPENCODE_CONFIG_CONTENT", mock.opencode_config())
+            .env("HOME", &oc_home)
+            .env("XDG_CONFIG_HOME", oc_home.join(".config"))
+            .env("XDG_DATA_HOME", oc_home.join(".local/share"))
+            .env("XDG_CACHE_HOME", oc_home.join(".cache"))
+            .env("XDG_STATE_HOME", oc_home.join(".local/state"))
+            .env("OPENCODE_DISABLE_MODELS_FETCH", "1")
+            .env("OPENCODE_DISABLE_AUTOUPDATE", "1")
+            .env("NPM_CONFIG_REGISTRY", "http://127.0.0.1:9/")
+            .env("npm_config_fetch_retries", "0")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        loop {
+            let line = out.next().expect("opencode serve exited before listening").unwrap();
+            if line.contains("listening on") {
+                break;
+            }
+        }
+        std::thread::spawn(move || for _ in out {});
+        Bare { _dir: dir, repo, port, auth: basic("opencode:bench"), child }
+    }
+
+    fn query(&self) -> String {
+        format!("directory={}", self.repo.display()).replace(' ', "%20")
+    }
+
+    /// One request on a connection of its own; the answer's body.
+    fn call(&self, method: &str, path: &str, body: &serde_json::Value) -> String {
+        use std::io::{Read, Write};
+        let body = body.to_string();
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        write!(
+            s,
+            "{method} {path}?{} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Basic {}\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            self.query(),
+            self.auth,
+            body.len()
+        )
+        .unwrap();
+        let mut text = String::new();
+        s.read_to_string(&mut text).unwrap();
+        let (head, rest) = text.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with("HTTP/1.1 2"), "{method} {path}: {head}");
+        if !head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+            return rest.to_owned();
+        }
+        let mut out = String::new();
+        let mut rest = rest;
+        while let Some((size, tail)) = rest.split_once("\r\n") {
+            let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+            if n == 0 {
+                break;
+            }
+            out.push_str(&tail[..n]);
+            rest = &tail[n + 2..];
+        }
+        out
+    }
+
+    /// Each session's idle after it was busy, as the `/event` stream tells it.
+    fn idles(&self) -> std::sync::mpsc::Receiver<(String, Instant)> {
+        use std::io::{BufRead, Write};
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        write!(
+            s,
+            "GET /event?{} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Basic {}\r\n\
+             Accept: text/event-stream\r\n\r\n",
+            self.query(),
+            self.auth
+        )
+        .unwrap();
+        std::thread::spawn(move || {
+            let mut busy = std::collections::HashSet::new();
+            for line in std::io::BufReader::new(s).lines() {
+                let Ok(line) = line else { return };
+                let Some(data) = line.strip_prefix("data:") else { continue };
+                let Ok(ev) = serde_json::from_str::<serde_json::Value>(data.trim()) else {
+                    continue;
+                };
+                let props = &ev["properties"];
+                let (Some(session), Some(state)) = (
+                    props["sessionID"].as_str(),
+                    props.pointer("/status/type").and_then(|v| v.as_str()),
+                ) else {
+                    continue;
+                };
+                if state == "busy" {
+                    busy.insert(session.to_owned());
+                } else if state == "idle" && busy.remove(session) {
+                    let _ = tx.send((session.to_owned(), Instant::now()));
+                }
+            }
+        });
+        rx
+    }
+}
+
+/// OpenCode's own floor ([`Bare`]): per task a new session and `prompt_async`, until it is idle.
+fn measure_bare(n: usize) -> Figures {
+    let mock = MockAnthropic::spawn((0..=n).map(|_| Turn::text("Done.")).collect());
+    let bare = Bare::start(&mock);
+    let idles = bare.idles();
+    let mut figures = Figures { first_request: Vec::new(), done: Vec::new(), after: Vec::new() };
+    for i in 0..=n {
+        let before = mock.arrivals().len();
+        let t0 = Instant::now();
+        let created = bare.call("POST", "/session", &serde_json::json!({"title": "bench"}));
+        let created: serde_json::Value = serde_json::from_str(&created).unwrap();
+        let session = created["id"].as_str().unwrap().to_owned();
+        let prompt = serde_json::json!({
+            "parts": [{"type": "text", "text": format!("Say done ({i}).")}],
+            "model": {"providerID": "anthropic", "modelID": "claude-sonnet-4-5"},
+        });
+        bare.call("POST", &format!("/session/{session}/prompt_async"), &prompt);
+        let end = loop {
+            let (s, at) = idles.recv_timeout(Duration::from_secs(120)).expect("never idle");
+            if s == session {
+                break at;
+            }
+        };
+        if i > 0 {
+            figures.record(t0, end, &mock.arrivals()[before..]);
+        }
+    }
+    figures.print("opencode.bare", n);
     figures
 }
 
@@ -256,6 +458,12 @@ fn main() {
     let n = if full { 20 } else { 3 };
     let run = measure("run", n);
     let serve = measure("serve", n);
+    let bare = measure_bare(n);
+    println!(
+        "bench=agent.floor first_request_serve_over_bare={:.2} after_last_answer_serve_over_bare={:.2}",
+        p50(&serve.first_request) / p50(&bare.first_request),
+        p50(&serve.after) / p50(&bare.after)
+    );
     measure_claude(n);
     measure_codex(n);
     println!(
