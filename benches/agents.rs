@@ -85,27 +85,34 @@ fn rig_with(mode: &str, mock: &MockAnthropic, env: &[(String, String)]) -> Rig {
     let home = queue::Home::at(dir.path().join("home")).unwrap();
     home.ensure().unwrap();
     let store = queue::Store::open(home.db_path()).unwrap();
-    let worker = Command::new(env!("CARGO_BIN_EXE_taskbridge"))
+    let mut worker = Command::new(env!("CARGO_BIN_EXE_taskbridge"));
+    isolated(&mut worker, &oc_home, mock);
+    let worker = worker
         .args(["worker", "--concurrency", "1", "--opencode", mode])
         .env("TASKBRIDGE_HOME", home.root())
         .env("TASKBRIDGE_OPENCODE", opencode())
         .env("TASKBRIDGE_MODEL", "anthropic/claude-sonnet-4-5")
         .env("TASKBRIDGE_LOG", "warn")
-        .env("OPENCODE_CONFIG_CONTENT", mock.opencode_config())
-        .env("HOME", &oc_home)
-        .env("XDG_CONFIG_HOME", oc_home.join(".config"))
-        .env("XDG_DATA_HOME", oc_home.join(".local/share"))
-        .env("XDG_CACHE_HOME", oc_home.join(".cache"))
-        .env("XDG_STATE_HOME", oc_home.join(".local/state"))
-        .env("OPENCODE_DISABLE_MODELS_FETCH", "1")
-        .env("OPENCODE_DISABLE_AUTOUPDATE", "1")
-        .env("NPM_CONFIG_REGISTRY", "http://127.0.0.1:9/")
         .envs(env.iter().map(|(k, v)| (k, v)))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
     Rig { _dir: dir, repo, store, worker }
+}
+
+/// OpenCode's environment in a bench: a home of its own under `oc_home`, `mock` its provider,
+/// nothing fetched from the network.
+fn isolated(cmd: &mut Command, oc_home: &Path, mock: &MockAnthropic) {
+    cmd.env("OPENCODE_CONFIG_CONTENT", mock.opencode_config())
+        .env("HOME", oc_home)
+        .env("XDG_CONFIG_HOME", oc_home.join(".config"))
+        .env("XDG_DATA_HOME", oc_home.join(".local/share"))
+        .env("XDG_CACHE_HOME", oc_home.join(".cache"))
+        .env("XDG_STATE_HOME", oc_home.join(".local/state"))
+        .env("OPENCODE_DISABLE_MODELS_FETCH", "1")
+        .env("OPENCODE_DISABLE_AUTOUPDATE", "1")
+        .env("NPM_CONFIG_REGISTRY", "http://127.0.0.1:9/");
 }
 
 fn wait_until(
@@ -279,19 +286,12 @@ impl Bare {
         let repo = common::repo(dir.path(), "repo");
         let oc_home = dir.path().join("ochome");
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let mut child = Command::new(opencode())
+        let mut child = Command::new(opencode());
+        isolated(&mut child, &oc_home, mock);
+        let mut child = child
             .args(["serve", "--port", &port.to_string(), "--hostname", "127.0.0.1"])
             .current_dir(&repo)
             .env("OPENCODE_SERVER_PASSWORD", "bench")
-            .env("OPENCODE_CONFIG_CONTENT", mock.opencode_config())
-            .env("HOME", &oc_home)
-            .env("XDG_CONFIG_HOME", oc_home.join(".config"))
-            .env("XDG_DATA_HOME", oc_home.join(".local/share"))
-            .env("XDG_CACHE_HOME", oc_home.join(".cache"))
-            .env("XDG_STATE_HOME", oc_home.join(".local/state"))
-            .env("OPENCODE_DISABLE_MODELS_FETCH", "1")
-            .env("OPENCODE_DISABLE_AUTOUPDATE", "1")
-            .env("NPM_CONFIG_REGISTRY", "http://127.0.0.1:9/")
             .env("npm_config_fetch_retries", "0")
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
