@@ -9,9 +9,19 @@ use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 
 /// The variables of the environment TaskBridge was started in.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct Environment {
     vars: HashMap<OsString, OsString>,
+}
+
+/// Names only: the values hold secrets (the token, the database's password, API keys), and a
+/// configuration that carries this may be printed with `{:?}`.
+impl std::fmt::Debug for Environment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut names: Vec<_> = self.vars.keys().map(|k| k.to_string_lossy()).collect();
+        names.sort();
+        f.debug_struct("Environment").field("names", &names).finish()
+    }
 }
 
 impl Environment {
@@ -82,6 +92,14 @@ mod tests {
         assert!(env.is_set("EMPTY") && !env.is_set("MISSING"));
         let home = Environment::from_vars([("HOME", "/home/me")]);
         assert_eq!(home.home_dir(), Some(PathBuf::from("/home/me")));
+    }
+
+    #[test]
+    fn printed_it_shows_the_names_and_no_value() {
+        let env = Environment::from_vars([("TASKBRIDGE_TOKEN", "s3cret-token"), ("HOME", "/h")]);
+        let shown = format!("{env:?}");
+        assert!(shown.contains("TASKBRIDGE_TOKEN") && shown.contains("HOME"), "{shown}");
+        assert!(!shown.contains("s3cret-token") && !shown.contains("/h\""), "{shown}");
     }
 
     #[test]
