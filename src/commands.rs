@@ -51,18 +51,18 @@ pub fn run(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode> {
         Command::Merge { id, into, squash } => merge(&ctx, id, into, squash)?,
         Command::Result { id, max_diff_bytes } => {
             let task = store.get(TaskId(id))?;
-            if TaskResult::of(&task).is_none() {
+            if task.result.is_none() {
                 bail!(
                     "task {id} is {} and has no result yet; `taskbridge get {id}` shows where it is",
                     task.display_status
                 );
             }
             let overlaps = worker::overlaps(store, &task)?;
-            print_json(&mcp::server::result_json(&task, max_diff_bytes, overlaps))?;
+            print_json(&mcp::replies::ResultReply::of(&task, max_diff_bytes, overlaps))?;
         }
         Command::Diff { id, color } => {
             let task = store.get(TaskId(id))?;
-            let diff = TaskResult::of(&task).map(|r| r.diff).unwrap_or_default();
+            let diff = task.result.map(|r| r.diff).unwrap_or_default();
             if diff.is_empty() {
                 outln!("task {id} ({}): no changes", task.display_status);
                 return Ok(ExitCode::SUCCESS);
@@ -618,8 +618,8 @@ fn print_task(t: &Task) {
     if let Some(e) = &t.error {
         outln!("  error:     {e}");
     }
-    if let Some(r) = TaskResult::of(t) {
-        print_result(&r);
+    if let Some(r) = &t.result {
+        print_result(r);
     }
     outln!("  prompt:\n    {}", t.prompt.replace('\n', "\n    "));
 }
@@ -674,7 +674,7 @@ fn print_result(r: &TaskResult) {
         outln!("  open:      {q}");
     }
     let u = &r.usage;
-    let cost = if r.cost_known() { queue::usd(u.cost_usd) } else { "cost not reported".into() };
+    let cost = u.cost_usd.map_or_else(|| "cost not reported".into(), queue::usd);
     outln!(
         "  usage:     {} in, {} out, {} cache read, {} cache write, {cost}",
         u.input_tokens,

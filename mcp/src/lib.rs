@@ -1,6 +1,7 @@
 //! `taskbridge-mcp`: TaskBridge over the Model Context Protocol.
 //!
-//! It owns the rmcp server with the TaskBridge tools ([`TaskBridge`], `tools`), the reverse
+//! It owns the rmcp server with the TaskBridge tools ([`TaskBridge`], `tools`) and their typed
+//! replies with output schemas ([`replies`]), the reverse
 //! bridge that lets MCP clients ask Claude ([`ClaudeBridge`], `bridge`), their stdio and
 //! Streamable HTTP transports, and the HTTP security in front of them (Host/Origin allow-list,
 //! bearer token, no token-less non-loopback listening).
@@ -12,6 +13,7 @@ pub mod bridge;
 pub mod error;
 pub mod http;
 pub mod params;
+pub mod replies;
 pub mod server;
 pub mod sessions;
 pub mod task_args;

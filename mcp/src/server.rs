@@ -1,15 +1,16 @@
 //! The TaskBridge MCP server: shared state, result shaping and error mapping.
 
-use queue::{Home, Store, Task, TaskId, TaskStatus};
+use crate::replies::ServiceRestart;
+use queue::{Home, Store, Task, TaskId};
 use rmcp::model::{CallToolResult, Implementation, ServerCapabilities, ServerConfig};
 use rmcp::{ErrorData, ServerHandler, tool_handler};
 use serde::Serialize;
-use serde_json::{Value, json};
+use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use worker::{RunningWorker, TaskResult, Worker, WorkerConfig};
+use worker::{RunningWorker, Worker, WorkerConfig};
 
 pub type ToolResult = Result<CallToolResult, ErrorData>;
 
@@ -196,23 +197,7 @@ impl TaskBridge {
         }
     }
 
-    /// The task as JSON with `task_id` first-class; the diff stays out (it can be large).
-    pub(crate) fn task_json(&self, task: &Task, with_result: bool) -> Value {
-        let mut v = serde_json::to_value(task).unwrap_or(Value::Null);
-        v["task_id"] = json!(task.id.0);
-        if let Some(obj) = v.as_object_mut() {
-            if with_result {
-                if let Some(r) = obj.get_mut("result").and_then(Value::as_object_mut) {
-                    r.remove("diff");
-                }
-            } else {
-                obj.remove("result");
-            }
-        }
-        v
-    }
-
-    pub(crate) async fn restart_workers(&self) -> worker::Result<Value> {
+    pub(crate) async fn restart_workers(&self) -> worker::Result<crate::replies::RestartReply> {
         let workers = self.blocking(|s| Ok(s.list_workers()?)).await?;
         let mut restarted = Vec::new();
         let mut requeued = Vec::new();
@@ -249,8 +234,17 @@ impl TaskBridge {
                 .ok()
                 .flatten()
             {
-                Some(Ok(manager)) => service = Some(json!({"manager": manager, "restarted": true})),
-                Some(Err(e)) => service = Some(json!({"restarted": false, "error": e})),
+                Some(Ok(manager)) => {
+                    service = Some(ServiceRestart {
+                        restarted: true,
+                        manager: Some(manager.to_owned()),
+                        error: None,
+                    })
+                }
+                Some(Err(e)) => {
+                    service =
+                        Some(ServiceRestart { restarted: false, manager: None, error: Some(e) })
+                }
                 None => {
                     note = Some(
                         "no worker is alive, this server runs none (--no-worker) and no service \
@@ -271,14 +265,14 @@ impl TaskBridge {
                 Some(running.worker.clone());
             *self.inner.restarted.lock().unwrap_or_else(|e| e.into_inner()) = Some(running);
         }
-        Ok(json!({
-            "restarted": restarted,
-            "requeued_tasks": requeued,
-            "started_worker": started,
-            "service": service,
-            "note": note,
-            "workers_alive_before": alive,
-        }))
+        Ok(crate::replies::RestartReply {
+            restarted,
+            requeued_tasks: requeued,
+            started_worker: started,
+            service,
+            note: note.map(str::to_owned),
+            workers_alive_before: alive,
+        })
     }
 
     /// Stops a worker this server started through `restart_worker`.
@@ -294,62 +288,6 @@ pub(crate) fn ok(v: impl Serialize) -> ToolResult {
 
 pub(crate) fn refuse(message: impl Into<String>) -> ToolResult {
     Ok(CallToolResult::structured_error(json!({ "error": message.into() })))
-}
-
-/// The shape `get_task_result` returns.
-pub fn result_json(task: &Task, max_diff_bytes: usize, overlaps: Vec<worker::Overlap>) -> Value {
-    let r = TaskResult::of(task).unwrap_or_default();
-    let mut diff = r.diff.clone();
-    let truncated = diff.len() > max_diff_bytes;
-    if truncated {
-        let mut cut = max_diff_bytes;
-        while cut > 0 && !diff.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        diff.truncate(cut);
-    }
-    let finished = task.status.is_terminal();
-    json!({
-        "task_id": task.id.0,
-        "status": task.display_status,
-        "finished": finished,
-        "summary": if r.no_changes {
-            format!("No changes: the agent changed no file. {}", r.summary)
-        } else {
-            r.summary.clone()
-        },
-        "files_touched": r.files_touched,
-        "tests_run": r.tests_run,
-        "open_questions": r.open_questions,
-        "question": task.question,
-        "diff": diff,
-        "diff_truncated": truncated,
-        "diff_bytes": r.diff.len(),
-        "diffstat": r.diffstat,
-        "usage": r.usage_json(),
-        "agent": r.agent,
-        "branch": r.branch.or(task.branch.clone()),
-        "commit": r.commit,
-        "permissions": r.permissions,
-        "permission_requests": r.permission_requests,
-        "reverted_files": r.reverted_files,
-        "started_from": r.started_from.or(task.started_from.clone()),
-        "stacked_on": task.stacked_on,
-        "no_changes": r.no_changes,
-        "verification": r.verification,
-        "verified": r.verified,
-        "pushed_to": r.pushed_to,
-        "host": task.worker_host,
-        "overlaps": overlaps,
-        "merged_into": task.merged_into,
-        "merge_commit": task.merge_commit,
-        "error": task.error,
-        "note": if task.status == TaskStatus::Running && task.result.is_some() {
-            Some("still running: usage is the spend so far; the rest comes when it ends")
-        } else if task.result.is_none() && task.status != TaskStatus::Done {
-            Some("no result yet: the task has not run to the end; see status")
-        } else { None },
-    })
 }
 
 /// Built once: by default `#[tool_handler]` builds the whole router (every tool and its schema)

@@ -2,12 +2,16 @@
 //! and TUI action; arguments are described in the input schema by their doc comments.
 
 use crate::params::Parameters;
+use crate::replies::{
+    BatchReply, ClearReply, DefaultModelReply, ListReply, ListedTask, LogsReply, ModelsReply,
+    PingReply, RestartReply, ResultReply, TaskReply, WaitReply, WaitTask, WorkersReply,
+};
 use crate::server::{TaskBridge, ToolResult, ok, refuse};
 use queue::{DepRef, ListFilter, StatusFilter, TaskId, TaskStatus};
+use rmcp::handler::server::tool::schema_for_output;
 use rmcp::schemars::{self, JsonSchema};
 use rmcp::{tool, tool_router};
 use serde::Deserialize;
-use serde_json::json;
 use std::path::PathBuf;
 use std::time::Duration;
 use worker::SubmitRequest;
@@ -257,7 +261,9 @@ impl TaskBridge {
     /// run headless in its own git worktree and branch.
     /// Returns the task (task_id, status, ...) and warnings (for example: no worker is alive to run
     /// it). Follow with wait_for, then get_task_result.
-    #[tool(annotations(title = "Submit a task", read_only_hint = false, idempotent_hint = false))]
+    #[tool(
+        output_schema = schema_for_output::<TaskReply>(),
+        annotations(title = "Submit a task", read_only_hint = false, idempotent_hint = false))]
     async fn submit_task(&self, Parameters(args): Parameters<SubmitTaskArgs>) -> ToolResult {
         let req = match self.request(args, 0) {
             Ok(r) => r,
@@ -265,20 +271,17 @@ impl TaskBridge {
         };
         let (cwd, cfg) = (self.cwd().to_path_buf(), self.worker_config().clone());
         match self.blocking(move |s| worker::submit(s, &cwd, &cfg, req)).await {
-            Ok((task, created, warnings)) => {
-                let mut v = self.task_json(&task, false);
-                v["created"] = json!(created);
-                // Said, not refused: no worker alive to run it, a model that could not be checked.
-                v["warnings"] = json!(warnings);
-                ok(v)
-            }
+            // Said, not refused: no worker alive to run it, a model that could not be checked.
+            Ok((task, created, warnings)) => ok(TaskReply::submitted(&task, created, warnings)),
             Err(e) => self.fail(e),
         }
     }
 
     /// Queue 1 to 20 tasks at once, all or none. An item's depends_on may name earlier items of
     /// the same batch as "#0", "#1", ...
-    #[tool(annotations(title = "Submit several tasks", read_only_hint = false))]
+    #[tool(
+        output_schema = schema_for_output::<BatchReply>(),
+        annotations(title = "Submit several tasks", read_only_hint = false))]
     async fn submit_batch(&self, Parameters(args): Parameters<SubmitBatchArgs>) -> ToolResult {
         if args.tasks.is_empty() || args.tasks.len() > MAX_BATCH {
             return field_error(
@@ -296,24 +299,29 @@ impl TaskBridge {
         let (cwd, cfg) = (self.cwd().to_path_buf(), self.worker_config().clone());
         let shared = queue::Budget { max_cost_usd: args.max_cost_usd, max_tokens: args.max_tokens };
         match self.blocking(move |s| worker::submit_batch(s, &cwd, &cfg, reqs, shared)).await {
-            Ok(out) => ok(json!({
-                "tasks": out.tasks.iter().map(|(t, created)| {
-                    let mut v = self.task_json(t, false);
-                    v["created"] = json!(created);
-                    v
-                }).collect::<Vec<_>>(),
-                "warnings": out.warnings,
-            })),
+            Ok(out) => ok(BatchReply {
+                tasks: out
+                    .tasks
+                    .iter()
+                    .map(|(t, created)| TaskReply {
+                        created: Some(*created),
+                        ..TaskReply::of(t, false)
+                    })
+                    .collect(),
+                warnings: out.warnings,
+            }),
             Err(e) => self.fail(e),
         }
     }
 
     /// Everything about a task: state, prompt, question and answers, notes, attempts, error, and
     /// its result without the diff (get_task_result has the diff).
-    #[tool(annotations(title = "Get a task", read_only_hint = true))]
+    #[tool(
+        output_schema = schema_for_output::<TaskReply>(),
+        annotations(title = "Get a task", read_only_hint = true))]
     async fn get_task(&self, Parameters(args): Parameters<TaskIdArgs>) -> ToolResult {
         match self.visible_task(TaskId(args.task_id)) {
-            Ok(task) => ok(self.task_json(&task, true)),
+            Ok(task) => ok(TaskReply::of(&task, true)),
             Err(e) => self.fail(e),
         }
     }
@@ -324,7 +332,9 @@ impl TaskBridge {
     /// that ran from a mirror of the remote pushed the branch); agent (which ran it, what it
     /// could do natively, and the fallbacks that held instead; usage.cost_usd is null for an
     /// agent that reports no cost).
-    #[tool(annotations(title = "Get a task's result", read_only_hint = true))]
+    #[tool(
+        output_schema = schema_for_output::<ResultReply>(),
+        annotations(title = "Get a task's result", read_only_hint = true))]
     async fn get_task_result(&self, Parameters(args): Parameters<GetResultArgs>) -> ToolResult {
         let max = args.max_diff_bytes.unwrap_or(65_536);
         let read = self.read_now(|s| {
@@ -333,14 +343,16 @@ impl TaskBridge {
             Ok((task, overlaps))
         });
         match read {
-            Ok((task, overlaps)) => ok(crate::server::result_json(&task, max, overlaps)),
+            Ok((task, overlaps)) => ok(ResultReply::of(&task, max, overlaps)),
             Err(e) => self.fail(e),
         }
     }
 
     /// A page of the task's readable log. Omit offset for the tail; pass next_offset back to
     /// follow a running task.
-    #[tool(annotations(title = "Read a task's log", read_only_hint = true))]
+    #[tool(
+        output_schema = schema_for_output::<LogsReply>(),
+        annotations(title = "Read a task's log", read_only_hint = true))]
     async fn get_task_logs(&self, Parameters(args): Parameters<GetLogsArgs>) -> ToolResult {
         if let Err(e) = self.visible_task(TaskId(args.task_id)) {
             return self.fail(e);
@@ -373,20 +385,17 @@ impl TaskBridge {
                 // The full log stays on the host of the worker that ran the task.
                 let here = worker::hostname(&self.worker_config().env);
                 let elsewhere = worker::logs::elsewhere(&task, c.size, &here);
-                let mut out = json!({
-                    "task_id": task.id.0,
-                    "text": c.text,
-                    "offset": c.offset,
-                    "next_offset": c.next_offset,
-                    "size": c.size,
-                    "eof": c.eof,
-                    "running": task.status == TaskStatus::Running,
-                    "host": task.worker_host,
-                });
-                if let Some(w) = elsewhere {
-                    out["where"] = json!(w);
-                }
-                ok(out)
+                ok(LogsReply {
+                    task_id: task.id.0,
+                    text: c.text,
+                    offset: c.offset,
+                    next_offset: c.next_offset,
+                    size: c.size,
+                    eof: c.eof,
+                    running: task.status == TaskStatus::Running,
+                    host: task.worker_host,
+                    elsewhere,
+                })
             }
             Err(e) => self.fail(e),
         }
@@ -395,7 +404,9 @@ impl TaskBridge {
     /// Wait until tasks finish or ask a question: mode any (default) or all, up to timeout_s
     /// (default 25, at most 50). Wakes as soon as the queue changes. Returns which tasks are done,
     /// failed, cancelled, waiting (answer them with answer_task) or still pending, and timed_out.
-    #[tool(annotations(title = "Wait for tasks", read_only_hint = true))]
+    #[tool(
+        output_schema = schema_for_output::<WaitReply>(),
+        annotations(title = "Wait for tasks", read_only_hint = true))]
     async fn wait_for(&self, Parameters(args): Parameters<WaitForArgs>) -> ToolResult {
         let timeout = args.timeout_s.unwrap_or(25.0);
         if !(0.0..=MAX_WAIT_S).contains(&timeout) {
@@ -438,22 +449,15 @@ impl TaskBridge {
                 };
                 let pending: Vec<i64> =
                     tasks.iter().filter(|t| !settled(t)).map(|t| t.id.0).collect();
-                return ok(json!({
-                    "done": pick(TaskStatus::Done),
-                    "failed": pick(TaskStatus::Failed),
-                    "cancelled": pick(TaskStatus::Cancelled),
-                    "waiting": pick(TaskStatus::Waiting),
-                    "pending": pending,
-                    "timed_out": !met,
-                    "tasks": tasks.iter().map(|t| json!({
-                        "task_id": t.id.0,
-                        "status": t.display_status,
-                        "title": t.title,
-                        "question": t.question,
-                        "ask": t.ask,
-                        "error": t.error,
-                    })).collect::<Vec<_>>(),
-                }));
+                return ok(WaitReply {
+                    done: pick(TaskStatus::Done),
+                    failed: pick(TaskStatus::Failed),
+                    cancelled: pick(TaskStatus::Cancelled),
+                    waiting: pick(TaskStatus::Waiting),
+                    pending,
+                    timed_out: !met,
+                    tasks: tasks.iter().map(WaitTask::of).collect(),
+                });
             }
             let _ = tokio::time::timeout_at(deadline, changes.changed()).await;
         }
@@ -462,7 +466,9 @@ impl TaskBridge {
     /// Answer a waiting task's question, permission request or budget stop (its `ask` says
     /// which, with the options or choices). The agent gets the answer in the same session: as
     /// the result of its blocked tool call when it is still waiting on it.
-    #[tool(annotations(title = "Answer a question", read_only_hint = false))]
+    #[tool(
+        output_schema = schema_for_output::<TaskReply>(),
+        annotations(title = "Answer a question", read_only_hint = false))]
     async fn answer_task(
         &self,
         Parameters(args): Parameters<AnswerArgs>,
@@ -477,7 +483,7 @@ impl TaskBridge {
         };
         let answer = args.answer.text();
         match self.blocking(move |s| Ok(s.answer(TaskId(args.task_id), &answer, &by)?)).await {
-            Ok(task) => ok(self.task_json(&task, true)),
+            Ok(task) => ok(TaskReply::of(&task, true)),
             Err(e) => self.fail(e),
         }
     }
@@ -485,7 +491,9 @@ impl TaskBridge {
     /// Refine a done or failed task: a new task on its own branch that starts from that task's
     /// commit (a failed one's worktree as it was left) and resumes the same agent session, so the
     /// agent keeps the whole conversation. Its diff is only the new change. Chains work.
-    #[tool(annotations(title = "Follow up a task", read_only_hint = false))]
+    #[tool(
+        output_schema = schema_for_output::<TaskReply>(),
+        annotations(title = "Follow up a task", read_only_hint = false))]
     async fn followup_task(&self, Parameters(args): Parameters<FollowupArgs>) -> ToolResult {
         if let Err(e) = self.visible_task(TaskId(args.task_id)) {
             return self.fail(e);
@@ -493,7 +501,7 @@ impl TaskBridge {
         let r =
             self.blocking(move |s| worker::followup(s, TaskId(args.task_id), &args.prompt)).await;
         match r {
-            Ok(task) => ok(self.task_json(&task, false)),
+            Ok(task) => ok(TaskReply::of(&task, false)),
             Err(e) => self.fail(e),
         }
     }
@@ -503,7 +511,9 @@ impl TaskBridge {
     /// the branch is checked out, that working tree must be clean and is updated as `git merge`
     /// would. A conflict changes nothing and lists the paths. The dependencies whose work the
     /// branch carries are marked merged too.
-    #[tool(annotations(title = "Merge a task", read_only_hint = false, destructive_hint = false))]
+    #[tool(
+        output_schema = schema_for_output::<worker::MergeReport>(),
+        annotations(title = "Merge a task", read_only_hint = false, destructive_hint = false))]
     async fn merge_task(&self, Parameters(args): Parameters<MergeArgs>) -> ToolResult {
         if let Err(e) = self.visible_task(TaskId(args.task_id)) {
             return self.fail(e);
@@ -514,14 +524,16 @@ impl TaskBridge {
             })
             .await;
         match r {
-            Ok(report) => ok(serde_json::to_value(report).unwrap_or_default()),
+            Ok(report) => ok(report),
             Err(e) => self.fail(e),
         }
     }
 
     /// Task summaries, newest first: filter by status (queued, blocked, running, waiting, done,
     /// failed, cancelled) and repo; page with limit (default 50) and offset.
-    #[tool(annotations(title = "List tasks", read_only_hint = true))]
+    #[tool(
+        output_schema = schema_for_output::<ListReply>(),
+        annotations(title = "List tasks", read_only_hint = true))]
     async fn list_tasks(&self, Parameters(args): Parameters<ListArgs>) -> ToolResult {
         let status = match args.status.as_deref().map(str::parse::<StatusFilter>).transpose() {
             Ok(s) => s,
@@ -560,27 +572,15 @@ impl TaskBridge {
             }
         });
         match listed {
-            Ok(tasks) => ok(json!({
-                "tasks": tasks.iter().map(|t| json!({
-                    "task_id": t.id.0,
-                    "title": t.title,
-                    "status": t.display_status,
-                    "priority": t.priority,
-                    "repo": t.repo,
-                    "attempts": t.attempts,
-                    "waiting_on": t.waiting_on,
-                    "question": t.question,
-                    "error": t.error,
-                    "created_at": t.created_at,
-                    "updated_at": t.updated_at,
-                })).collect::<Vec<_>>(),
-            })),
+            Ok(tasks) => ok(ListReply { tasks: tasks.iter().map(ListedTask::of).collect() }),
             Err(e) => self.fail(e),
         }
     }
 
     /// Counts per state, the oldest queued task's age, workers and the default model.
-    #[tool(annotations(title = "Queue status", read_only_hint = true))]
+    #[tool(
+        output_schema = schema_for_output::<queue::QueueStatus>(),
+        annotations(title = "Queue status", read_only_hint = true))]
     async fn queue_status(&self, Parameters(_): Parameters<Empty>) -> ToolResult {
         match self.read_now(|s| Ok(s.queue_status()?)) {
             Ok(st) => ok(st),
@@ -589,10 +589,12 @@ impl TaskBridge {
     }
 
     /// Each worker: id, pid, host, started, last heartbeat, current tasks, and whether it is stale.
-    #[tool(annotations(title = "List workers", read_only_hint = true))]
+    #[tool(
+        output_schema = schema_for_output::<WorkersReply>(),
+        annotations(title = "List workers", read_only_hint = true))]
     async fn list_workers(&self, Parameters(_): Parameters<Empty>) -> ToolResult {
         match self.read_now(|s| Ok(s.list_workers()?)) {
-            Ok(w) => ok(json!({ "workers": w })),
+            Ok(workers) => ok(WorkersReply { workers }),
             Err(e) => self.fail(e),
         }
     }
@@ -600,7 +602,9 @@ impl TaskBridge {
     /// Restart stale or dead workers: their running tasks are requeued (the attempt counts) and,
     /// when no worker is left alive, this server starts one in process, or, when it runs none
     /// itself, restarts the installed `taskbridge service` through systemd or launchd.
-    #[tool(annotations(title = "Restart workers", read_only_hint = false))]
+    #[tool(
+        output_schema = schema_for_output::<RestartReply>(),
+        annotations(title = "Restart workers", read_only_hint = false))]
     async fn restart_worker(&self, Parameters(_): Parameters<Empty>) -> ToolResult {
         match self.restart_workers().await {
             Ok(v) => ok(v),
@@ -612,58 +616,68 @@ impl TaskBridge {
     /// answer, a running one at its next step on OpenCode's warm server (other agents: at their
     /// next turn). A note the agent never got because its task ended first says so
     /// (`ended_first`).
-    #[tool(annotations(title = "Add a note", read_only_hint = false))]
+    #[tool(
+        output_schema = schema_for_output::<TaskReply>(),
+        annotations(title = "Add a note", read_only_hint = false))]
     async fn add_task_note(&self, Parameters(args): Parameters<NoteArgs>) -> ToolResult {
         if let Err(e) = self.visible_task(TaskId(args.task_id)) {
             return self.fail(e);
         }
         match self.blocking(move |s| Ok(s.add_note(TaskId(args.task_id), &args.note)?)).await {
-            Ok(task) => ok(self.task_json(&task, true)),
+            Ok(task) => ok(TaskReply::of(&task, true)),
             Err(e) => self.fail(e),
         }
     }
 
     /// Cancel a task. Queued and waiting tasks end at once; a running agent is stopped (SIGTERM,
     /// then SIGKILL) within a second or two and its worktree kept.
-    #[tool(annotations(title = "Cancel a task", read_only_hint = false, destructive_hint = true))]
+    #[tool(
+        output_schema = schema_for_output::<TaskReply>(),
+        annotations(title = "Cancel a task", read_only_hint = false, destructive_hint = true))]
     async fn cancel_task(&self, Parameters(args): Parameters<TaskIdArgs>) -> ToolResult {
         if let Err(e) = self.visible_task(TaskId(args.task_id)) {
             return self.fail(e);
         }
         match self.blocking(move |s| Ok(s.cancel(TaskId(args.task_id))?)).await {
-            Ok(task) => ok(self.task_json(&task, true)),
+            Ok(task) => ok(TaskReply::of(&task, true)),
             Err(e) => self.fail(e),
         }
     }
 
     /// Run a failed or cancelled task again (tasks that failed because it did follow).
-    #[tool(annotations(title = "Retry a task", read_only_hint = false))]
+    #[tool(
+        output_schema = schema_for_output::<TaskReply>(),
+        annotations(title = "Retry a task", read_only_hint = false))]
     async fn retry_task(&self, Parameters(args): Parameters<TaskIdArgs>) -> ToolResult {
         if let Err(e) = self.visible_task(TaskId(args.task_id)) {
             return self.fail(e);
         }
         match self.blocking(move |s| Ok(s.retry(TaskId(args.task_id))?)).await {
-            Ok(task) => ok(self.task_json(&task, true)),
+            Ok(task) => ok(TaskReply::of(&task, true)),
             Err(e) => self.fail(e),
         }
     }
 
     /// Change a task's priority (-100..=100, higher runs first).
-    #[tool(annotations(title = "Set a task's priority", read_only_hint = false))]
+    #[tool(
+        output_schema = schema_for_output::<TaskReply>(),
+        annotations(title = "Set a task's priority", read_only_hint = false))]
     async fn set_task_priority(&self, Parameters(args): Parameters<PriorityArgs>) -> ToolResult {
         if let Err(e) = self.visible_task(TaskId(args.task_id)) {
             return self.fail(e);
         }
         match self.blocking(move |s| Ok(s.set_priority(TaskId(args.task_id), args.priority)?)).await
         {
-            Ok(task) => ok(self.task_json(&task, true)),
+            Ok(task) => ok(TaskReply::of(&task, true)),
             Err(e) => self.fail(e),
         }
     }
 
     /// Remove finished tasks with their logs and worktrees (uncommitted work is committed to the
     /// branch first; branches are never deleted).
-    #[tool(annotations(
+    #[tool(
+        output_schema = schema_for_output::<ClearReply>(),
+        annotations(
         title = "Clear finished tasks",
         read_only_hint = false,
         destructive_hint = true
@@ -680,17 +694,19 @@ impl TaskBridge {
             .blocking(move |s| worker::clear_finished(s, &home, older, &statuses, &under))
             .await
         {
-            Ok(cleared) => ok(json!({
-                "cleared": cleared.iter().map(|t| t.id.0).collect::<Vec<_>>(),
-                "branches_kept": cleared.iter().filter_map(|t| t.branch.clone()).collect::<Vec<_>>(),
-            })),
+            Ok(cleared) => ok(ClearReply {
+                cleared: cleared.iter().map(|t| t.id.0).collect(),
+                branches_kept: cleared.iter().filter_map(|t| t.branch.clone()).collect(),
+            }),
             Err(e) => self.fail(e),
         }
     }
 
     /// Models an agent can use: OpenCode's (from `opencode models`, cached for an hour, the
     /// default), or with `agent` Claude Code's or Codex's.
-    #[tool(annotations(title = "List models", read_only_hint = true))]
+    #[tool(
+        output_schema = schema_for_output::<ModelsReply>(),
+        annotations(title = "List models", read_only_hint = true))]
     async fn list_models(&self, Parameters(args): Parameters<ListModelsArgs>) -> ToolResult {
         let agent = match worker::agent::AgentSpec::parse(args.agent.as_deref().unwrap_or("")) {
             Ok(a) => a,
@@ -705,7 +721,7 @@ impl TaskBridge {
             .await;
             return match listed {
                 Ok(Ok((models, note))) => {
-                    ok(json!({ "agent": agent.kind.name(), "models": models, "note": note }))
+                    ok(ModelsReply { agent: agent.kind.name().to_owned(), models, note })
                 }
                 Ok(Err(e)) => self.fail(e),
                 Err(e) => self.fail(worker::Error::Join(e.to_string())),
@@ -718,33 +734,37 @@ impl TaskBridge {
             })
             .await
         {
-            Ok(models) => ok(json!({ "agent": "opencode", "models": models })),
+            Ok(models) => ok(ModelsReply { agent: "opencode".into(), models, note: None }),
             Err(e) => self.fail(e),
         }
     }
 
     /// Set the model used by tasks that name none (checked against list_models).
-    #[tool(annotations(title = "Set the default model", read_only_hint = false))]
+    #[tool(
+        output_schema = schema_for_output::<DefaultModelReply>(),
+        annotations(title = "Set the default model", read_only_hint = false))]
     async fn set_default_model(&self, Parameters(args): Parameters<SetModelArgs>) -> ToolResult {
         let (opencode, model) = (self.worker_config().opencode.clone(), args.model.clone());
         match self.blocking(move |s| worker::models::set_default_model(s, &opencode, &model)).await
         {
-            Ok(()) => ok(json!({ "default_model": args.model })),
+            Ok(()) => ok(DefaultModelReply { default_model: args.model }),
             Err(e) => self.fail(e),
         }
     }
 
     /// Version, the database (a path, or a URL with its password masked), its backend (sqlite or
     /// postgres) and workers alive.
-    #[tool(annotations(title = "Ping", read_only_hint = true))]
+    #[tool(
+        output_schema = schema_for_output::<PingReply>(),
+        annotations(title = "Ping", read_only_hint = true))]
     async fn ping(&self, Parameters(_): Parameters<Empty>) -> ToolResult {
         match self.read_now(|s| Ok(s.list_workers()?)) {
-            Ok(workers) => ok(json!({
-                "version": env!("CARGO_PKG_VERSION"),
-                "database": self.store().location().to_string(),
-                "backend": self.store().location().backend(),
-                "workers_alive": workers.iter().filter(|w| !w.stopped && !w.stale).count(),
-            })),
+            Ok(workers) => ok(PingReply {
+                version: env!("CARGO_PKG_VERSION").to_owned(),
+                database: self.store().location().to_string(),
+                backend: self.store().location().backend().to_owned(),
+                workers_alive: workers.iter().filter(|w| !w.stopped && !w.stale).count(),
+            }),
             Err(e) => self.fail(e),
         }
     }

@@ -16,7 +16,10 @@ async fn the_tool_list_matches_the_snapshot() {
     let w = world().await;
     let tools = w.client.list_all_tools().await.unwrap();
     let got: Vec<Value> =
-        tools.iter().map(|t| json!({"name": t.name, "input_schema": t.input_schema})).collect();
+        tools
+        .iter()
+        .map(|t| json!({"name": t.name, "input_schema": t.input_schema, "output_schema": t.output_schema}))
+        .collect();
     let got = serde_json::to_string_pretty(&got).unwrap() + "\n";
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/snapshots/tools.json");
     if std::env::var_os("UPDATE_SNAPSHOTS").is_some() {
@@ -209,6 +212,7 @@ async fn wait_for_wakes_on_change_and_answer_task_requeues() {
     // A finished task's result, with the diff cut where asked.
     let diff = "+".repeat(500);
     let result = json!({"summary": "did it", "diff": diff, "files_touched": [{"path": "a.txt", "status": "modified"}]});
+    let result = Box::new(serde_json::from_value(result).unwrap());
     w.store.finish(TaskId(1), claim.token, Outcome::Done { result }).unwrap();
     let r = w.call("get_task_result", json!({"task_id": 1, "max_diff_bytes": 100})).await;
     assert_eq!(r["summary"], "did it");

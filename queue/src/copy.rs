@@ -28,7 +28,7 @@ const TABLES: &[(&str, &str)] = &[
          failed_dependency:i agent_pid:i agent_started:t worker_host:t branch:t worktree:t \
          created_at:r started_at:r finished_at:r updated_at:r ask:t parked_worker:t ask_rules:t \
          max_cost_usd:r max_tokens:i budget_group:i base_ref:t started_from:t stacked_on:t \
-         merged_into:t merge_commit:t parent:i remote:t",
+         merged_into:t merge_commit:t parent:i remote:t cost_usd:r tokens:i",
     ),
     ("task_deps", "task_id:i depends_on:i"),
     ("task_notes", "id:i task_id:i note:t created_at:r delivered:i"),

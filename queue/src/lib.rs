@@ -6,8 +6,10 @@
 //! workers on several hosts (row locks, a `SKIP LOCKED` claim, LISTEN/NOTIFY), chosen by a
 //! [`Location`]. Also the home directory layout with its private permissions ([`Home`]),
 //! cross-process change notification ([`ChangeWatcher`]), the process environment as a value the
-//! binary reads once and hands down ([`Environment`]: no library crate reads the environment), the reverse bridge's Claude jobs
-//! ([`jobs`]) and copying a whole queue between backends ([`copy`]).
+//! binary reads once and hands down ([`Environment`]: no library crate reads the environment),
+//! a task's result ([`TaskResult`], stored as JSON with its spend in columns of its own, so no
+//! query reads the JSON), the reverse bridge's Claude jobs ([`jobs`]) and copying a whole queue
+//! between backends ([`copy`]).
 //!
 //! The database is the only channel between the MCP server, the worker, the TUI and the CLI, so
 //! everything they need to agree on lives here. This crate is synchronous and must not depend on
@@ -24,6 +26,7 @@ pub mod location;
 pub mod model;
 mod pg;
 mod pg_tls;
+pub mod result;
 pub mod sql;
 mod sqlite;
 pub mod store;
@@ -36,6 +39,10 @@ pub use home::Home;
 pub use jobs::{Job, JobId, JobOutcome, JobOwner, JobStatus};
 pub use location::Location;
 pub use model::*;
+pub use result::{
+    AgentReport, Capabilities, Check, DiffStat, FileTouched, Permission, PermissionRequest,
+    TaskResult, TestRun, Usage,
+};
 pub use sqlite::recover_commands;
 pub use store::{RunFacts, Store};
 pub use watch::ChangeWatcher;

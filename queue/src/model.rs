@@ -21,6 +21,7 @@
 //! `done`, `failed` and `cancelled` are terminal: only `retry` (failed, cancelled) leaves them.
 //! Any other transition is refused with [`crate::Error::InvalidTransition`].
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -30,7 +31,9 @@ pub const PRIORITY_RANGE: std::ops::RangeInclusive<i64> = -100..=100;
 pub const DEFAULT_MAX_ATTEMPTS: i64 = 2;
 pub const DEFAULT_TIMEOUT_S: i64 = 3600;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
 #[serde(transparent)]
 pub struct TaskId(pub i64);
 
@@ -40,7 +43,7 @@ impl fmt::Display for TaskId {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum TaskStatus {
     Queued,
@@ -177,7 +180,7 @@ pub struct TaskSpec {
 }
 
 /// A spending limit: the agent is interrupted when its spend passes either.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Budget {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_cost_usd: Option<f64>,
@@ -282,7 +285,7 @@ impl BudgetState {
 }
 
 /// What a waiting task waits for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum AskKind {
     /// The agent asked (its own question tool, or the prompt-level block).
@@ -294,7 +297,7 @@ pub enum AskKind {
 }
 
 /// One of the agent's structured questions.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct AgentQuestion {
     pub question: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -306,7 +309,7 @@ pub struct AgentQuestion {
     pub multiple: bool,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct QuestionOption {
     pub label: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -314,7 +317,7 @@ pub struct QuestionOption {
 }
 
 /// A permission the agent asked for.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct PermissionAsk {
     pub permission: String,
     pub patterns: Vec<String>,
@@ -327,7 +330,7 @@ pub struct PermissionAsk {
 }
 
 /// A budget the agent's spend passed.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct BudgetStop {
     /// `cost` (USD) or `tokens`.
     pub limit: String,
@@ -340,7 +343,7 @@ pub struct BudgetStop {
 }
 
 /// The decision a waiting task needs, structured for clients that offer choices.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Ask {
     pub kind: AskKind,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -591,7 +594,7 @@ impl TaskSpec {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Note {
     pub note: String,
     pub created_at: f64,
@@ -613,7 +616,7 @@ impl Note {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct QuestionRound {
     pub question: String,
     pub asked_at: f64,
@@ -629,7 +632,7 @@ pub struct QuestionRound {
 
 /// A task as stored, plus what is derived from its dependencies. This is also the stable `--json`
 /// shape of `taskbridge show`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Task {
     pub id: TaskId,
     pub title: String,
@@ -698,7 +701,7 @@ pub struct Task {
     #[serde(default)]
     pub followups: Vec<TaskId>,
     pub session_id: Option<String>,
-    pub result: Option<serde_json::Value>,
+    pub result: Option<crate::TaskResult>,
     pub error: Option<String>,
     pub attempts: i64,
     pub worker: Option<String>,
@@ -744,29 +747,29 @@ pub struct Resume {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
     Done {
-        result: serde_json::Value,
+        result: Box<crate::TaskResult>,
     },
     /// The attempt failed; the store requeues it with `backoff_s` delay while attempts remain.
     Failed {
         error: String,
-        result: Option<serde_json::Value>,
+        result: Option<Box<crate::TaskResult>>,
         backoff_s: f64,
     },
     /// The attempt failed in a way another attempt cannot fix (e.g. the agent binary is missing).
     FailedPermanently {
         error: String,
-        result: Option<serde_json::Value>,
+        result: Option<Box<crate::TaskResult>>,
     },
     Waiting {
         question: String,
         session_id: String,
-        result: Option<serde_json::Value>,
+        result: Option<Box<crate::TaskResult>>,
         /// The structured decision; with a `request_id`, the agent is blocked on it in this
         /// worker's server, and only this worker resumes the task while it lives.
         ask: Option<Box<Ask>>,
     },
     Cancelled {
-        result: Option<serde_json::Value>,
+        result: Option<Box<crate::TaskResult>>,
     },
     /// The worker is shutting down: the task goes back to the queue without using an attempt,
     /// and a pending answer is kept so the session still resumes.
@@ -781,7 +784,7 @@ pub struct HeartbeatReply {
 }
 
 /// An agent process a dead worker left running on some host.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
 pub struct Orphan {
     pub pid: i64,
     /// Its start time as the OS reported it, so that a reused pid is not taken for it.
@@ -792,7 +795,7 @@ pub struct Orphan {
 /// A task the sweep ended or handed back: its lease expired (its agent, if it had one, waits
 /// in the queue's orphans for a worker on its host, [`crate::Store::take_orphans`]), or its
 /// question went unanswered past its `question_timeout_s`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
 pub struct Reaped {
     pub id: TaskId,
     /// Queued again for another attempt; otherwise the task failed.
@@ -800,7 +803,7 @@ pub struct Reaped {
     pub question_timed_out: bool,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct WorkerInfo {
     pub id: String,
     pub pid: i64,
@@ -821,7 +824,7 @@ pub struct WorkerInfo {
     pub agents: Vec<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct QueueStatus {
     pub counts: std::collections::BTreeMap<String, i64>,
     pub total: i64,
@@ -834,7 +837,7 @@ pub struct QueueStatus {
     pub spend_today: Spend,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Spend {
     pub cost_usd: f64,
     /// Input plus output tokens.

@@ -24,6 +24,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (6, include_str!("../migrations/pg/0006_remote.sql")),
     (7, include_str!("../migrations/pg/0007_orphans.sql")),
     (8, include_str!("../migrations/pg/0008_worker_agents.sql")),
+    (9, include_str!("../migrations/pg/0009_spend.sql")),
 ];
 
 /// How long an operation keeps trying to reach a database that went away.
@@ -297,18 +298,6 @@ pub(crate) fn translate(sql: &str) -> String {
         ("unixepoch('subsec')", "extract(epoch from now())::float8"),
         ("group_concat(t.id)", "string_agg(t.id::text, ',')"),
         ("group_concat(d.depends_on)", "string_agg(d.depends_on::text, ',')"),
-        (
-            "json_extract(result, '$.usage.cost_usd')",
-            "(result::jsonb #>> '{usage,cost_usd}')::float8",
-        ),
-        (
-            "json_extract(result, '$.usage.input_tokens')",
-            "(result::jsonb #>> '{usage,input_tokens}')::bigint",
-        ),
-        (
-            "json_extract(result, '$.usage.output_tokens')",
-            "(result::jsonb #>> '{usage,output_tokens}')::bigint",
-        ),
     ];
     let mut out = String::with_capacity(sql.len() + 16);
     let mut in_string = false;

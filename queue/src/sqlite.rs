@@ -19,6 +19,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0006_remote.sql"),
     include_str!("../migrations/0007_orphans.sql"),
     include_str!("../migrations/0008_worker_agents.sql"),
+    include_str!("../migrations/0009_spend.sql"),
 ];
 
 /// The schema version this build writes (both backends carry the same versions).

@@ -71,7 +71,7 @@ fn worker_process(db: &str) {
             println!("EV LOST {id} {}", c.token);
             continue;
         }
-        match store.finish(c.task.id, c.token, Outcome::Done { result: serde_json::json!({}) }) {
+        match store.finish(c.task.id, c.token, Outcome::Done { result: Box::default() }) {
             Ok(_) => println!("EV DONE {id} {}", c.token),
             Err(_) => println!("EV STALE {id} {}", c.token),
         }

@@ -74,7 +74,7 @@ fn claim(store: &Store) -> Option<Claim> {
 }
 
 fn done() -> Outcome {
-    Outcome::Done { result: serde_json::json!({"summary": "ok"}) }
+    Outcome::Done { result: Box::new(TaskResult { summary: "ok".into(), ..Default::default() }) }
 }
 
 fn a_listener_hears_each_committed_change_and_not_a_claim_that_found_nothing(b: Backend) {
@@ -159,7 +159,7 @@ fn happy_path_queued_running_done(b: Backend) {
     let t = store.finish(id, c.token, done()).unwrap();
     assert_eq!(t.status, TaskStatus::Done);
     assert!(t.finished_at.is_some());
-    assert_eq!(t.result.unwrap()["summary"], "ok");
+    assert_eq!(t.result.unwrap().summary, "ok");
 }
 
 fn forbidden_transitions_are_errors_and_write_nothing(b: Backend) {
@@ -827,6 +827,45 @@ fn sqlite_a_database_from_the_first_schema_opens_and_keeps_its_tasks() {
     assert_eq!(t.questions.last().unwrap().answered_by.as_deref(), Some("cli"));
 }
 
+#[test]
+fn sqlite_spend_written_before_it_had_columns_still_counts_after_the_migration() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("q.db");
+    // Schema 8: the spend was only in the result's JSON.
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    for m in [
+        include_str!("../migrations/0001_init.sql"),
+        include_str!("../migrations/0002_claude_jobs.sql"),
+        include_str!("../migrations/0003_worker_agent.sql"),
+        include_str!("../migrations/0004_decisions.sql"),
+        include_str!("../migrations/0005_plans.sql"),
+        include_str!("../migrations/0006_remote.sql"),
+        include_str!("../migrations/0007_orphans.sql"),
+        include_str!("../migrations/0008_worker_agents.sql"),
+    ] {
+        conn.execute_batch(m).unwrap();
+    }
+    conn.execute_batch(
+        r#"PRAGMA user_version = 8;
+         INSERT INTO tasks (title, prompt, repo, base, status, result, created_at, updated_at)
+         VALUES ('old', 'p', '/r', 'abc', 'done',
+                 '{"summary":"ok","usage":{"input_tokens":30,"output_tokens":12,"cost_usd":0.25}}',
+                 1.0, unixepoch('subsec')),
+                ('unknown cost', 'p', '/r', 'abc', 'failed',
+                 '{"usage":{"input_tokens":5,"output_tokens":3,"cost_usd":null}}',
+                 1.0, unixepoch('subsec'));"#,
+    )
+    .unwrap();
+    drop(conn);
+
+    let store = Store::open(&path).unwrap();
+    let spend = store.queue_status().unwrap().spend_today;
+    assert_eq!((spend.cost_usd, spend.tokens), (0.25, 50));
+    let old = store.get(TaskId(1)).unwrap().result.unwrap();
+    assert_eq!((old.summary.as_str(), old.usage.cost_usd), ("ok", Some(0.25)));
+    assert!(!store.get(TaskId(2)).unwrap().result.unwrap().cost_known());
+}
+
 fn owner(pid: i64) -> JobOwner {
     JobOwner { host: "host".into(), pid, started: Some("42".into()) }
 }
@@ -1026,8 +1065,9 @@ fn a_batch_budget_counts_what_the_batchs_other_tasks_spent(b: Backend) {
     let c = claim(&store).unwrap();
     assert_eq!(c.task.id, a);
     let usage =
-        serde_json::json!({"usage": {"input_tokens": 200, "output_tokens": 50, "cost_usd": 0.1}});
-    store.finish(a, c.token, Outcome::Done { result: usage }).unwrap();
+        Usage { input_tokens: 200, output_tokens: 50, cost_usd: Some(0.1), ..Default::default() };
+    let result = Box::new(TaskResult { usage, ..Default::default() });
+    store.finish(a, c.token, Outcome::Done { result }).unwrap();
     let state = store.budget_of(b).unwrap();
     assert_eq!(state.batch.as_ref().unwrap().others_tokens, 250);
     assert_eq!(state.passed(0.0, 40), None);

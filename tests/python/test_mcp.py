@@ -66,6 +66,14 @@ async def exercise(session, label):
                  "list_models", "set_default_model", "ping"]:
         check(name in tools, f"{label}: tool {name} listed")
     check(tools["submit_task"].inputSchema["required"] == ["prompt"], f"{label}: submit_task requires prompt")
+    # A typed reply declares its shape; the SDK checks every structuredContent against it (and
+    # raises on a mismatch), so each call below is also a check of the schema.
+    for name, tool in tools.items():
+        schema = tool.outputSchema or {}
+        check(schema.get("type") == "object" and schema.get("properties"), f"{label}: {name} has an output schema")
+    result_schema = tools["get_task_result"].outputSchema
+    check("usage" in result_schema["required"] and "files_touched" in result_schema["properties"],
+          f"{label}: get_task_result's schema describes the result")
 
     repo = os.environ["TB_REPO"]
     r, t = await call(session, "submit_task", {"prompt": "Add a banner file", "repo": repo, "title": "banner"})

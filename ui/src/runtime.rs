@@ -274,13 +274,7 @@ impl Effects {
                                 .map(|d| d.patch)
                                 .unwrap_or_default()
                         }
-                        None => t
-                            .result
-                            .as_ref()
-                            .and_then(|r| r.get("diff"))
-                            .and_then(|d| d.as_str())
-                            .unwrap_or("")
-                            .to_owned(),
+                        None => t.result.map(|r| r.diff).unwrap_or_default(),
                     };
                     send(Event::DiffLoaded { id, text });
                 });
@@ -337,7 +331,7 @@ pub fn plan_lines(store: &Store, id: TaskId) -> Vec<String> {
         let spend = task
             .result
             .as_ref()
-            .and_then(|r| r.pointer("/usage/cost_usd").and_then(serde_json::Value::as_f64))
+            .and_then(|r| r.usage.cost_usd)
             .map(|c| format!("  {}", queue::usd(c)))
             .unwrap_or_default();
         let merged =

@@ -10,7 +10,6 @@ use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Cell, Clear, Paragraph, Row, Table, Wrap};
-use worker::TaskResult;
 
 pub fn status_color(status: &str) -> Color {
     match status {
@@ -427,7 +426,7 @@ fn draw_detail(m: &Model, f: &mut Frame, area: Rect) {
         section(&mut lines, title);
         lines.push(Line::styled(e.clone(), Style::new().fg(Color::Red)));
     }
-    if let Some(r) = TaskResult::of(t) {
+    if let Some(r) = &t.result {
         if !r.summary.is_empty() {
             section(&mut lines, "Summary");
             lines.extend(r.summary.lines().map(|l| Line::from(l.to_owned())));
@@ -463,10 +462,9 @@ fn draw_detail(m: &Model, f: &mut Frame, area: Rect) {
         }
         let u = &r.usage;
         section(&mut lines, "Usage");
-        let cost = if r.cost_known() {
-            queue::usd(u.cost_usd)
-        } else {
-            "cost not reported by the agent".into()
+        let cost = match u.cost_usd {
+            Some(c) => queue::usd(c),
+            None => "cost not reported by the agent".into(),
         };
         lines.push(Line::from(format!(
             "{} in, {} out, {} reasoning, {} cache read, {} cache write; {cost}",

@@ -357,9 +357,10 @@ fn screen_running_tasks_with_detail() {
     let mut m = busy();
     ch(&mut m, 'j');
     let mut task = queue_task(4);
-    task.result = Some(
+    task.result = serde_json::from_value(
         serde_json::json!({"summary": "Cached GET /items for 60 s.", "files_touched": [{"path": "src/cache.rs", "status": "added"}], "tests_run": [{"command": "cargo test", "exit_code": 0, "observed": true}, {"command": "npm test", "exit_code": null, "observed": false}], "usage": {"input_tokens": 1200, "output_tokens": 300, "reasoning_tokens": 0, "cache_read_tokens": 4000, "cache_write_tokens": 100, "cost_usd": 0.0123, "steps": 3}}),
-    );
+    )
+    .unwrap();
     m.handle(Event::DetailLoaded(Box::new(task)));
     insta::assert_snapshot!(render(&m, 140, 30).backend());
 }

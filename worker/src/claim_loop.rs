@@ -22,7 +22,7 @@ use crate::logs::TaskLog;
 use crate::notify;
 use crate::opencode_config::{with_bridge, with_plugin};
 use crate::process::StopReason;
-use queue::{Claim, Home, Outcome, Store, Task, TaskId};
+use queue::{Claim, Home, Outcome, Store, Task, TaskId, TaskResult};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -378,7 +378,7 @@ impl Worker {
         &self,
         task: &Task,
         mirror: &Path,
-        mut result: serde_json::Value,
+        mut result: Box<TaskResult>,
         log: &mut TaskLog,
     ) -> Outcome {
         let id = task.id;
@@ -395,9 +395,7 @@ impl Worker {
         match pushed {
             Ok(()) => {
                 log.line(&format!("pushed {branch} to {remote}"));
-                if let Some(obj) = result.as_object_mut() {
-                    obj.insert("pushed_to".into(), format!("{remote} {branch}").into());
-                }
+                result.pushed_to = Some(format!("{remote} {branch}"));
                 Outcome::Done { result }
             }
             Err(e) => {

@@ -6,36 +6,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// Token usage and cost summed over every `step_finish` of a run (or of several runs).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct Usage {
-    pub input_tokens: u64,
-    pub output_tokens: u64,
-    pub reasoning_tokens: u64,
-    pub cache_read_tokens: u64,
-    pub cache_write_tokens: u64,
-    /// A result written for an agent that reports no cost has `null` here (see
-    /// `TaskResult::agent`); read back, that is no spend.
-    #[serde(default, deserialize_with = "null_is_zero")]
-    pub cost_usd: f64,
-    pub steps: u64,
-}
-
-fn null_is_zero<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
-    Ok(Option::<f64>::deserialize(d)?.unwrap_or(0.0))
-}
-
-impl Usage {
-    pub fn add(&mut self, other: &Usage) {
-        self.input_tokens += other.input_tokens;
-        self.output_tokens += other.output_tokens;
-        self.reasoning_tokens += other.reasoning_tokens;
-        self.cache_read_tokens += other.cache_read_tokens;
-        self.cache_write_tokens += other.cache_write_tokens;
-        self.cost_usd += other.cost_usd;
-        self.steps += other.steps;
-    }
-}
+pub use queue::Usage;
 
 /// One tool call the agent made, as OpenCode reported it when it completed or failed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -145,12 +116,11 @@ impl RunLog {
                     None => line,
                 })
             }
-            AgentEvent::Usage { usage, reason, cost_reported } => {
+            AgentEvent::Usage { usage, reason } => {
                 self.usage.add(&usage);
-                let cost = if cost_reported {
-                    format!("${:.6}", usage.cost_usd)
-                } else {
-                    "cost not reported".to_owned()
+                let cost = match usage.cost_usd {
+                    Some(c) => format!("${c:.6}"),
+                    None => "cost not reported".to_owned(),
                 };
                 Some(format!(
                     "step finished ({}): {} in, {} out, {} reasoning, {} cache read, {} \
@@ -199,11 +169,11 @@ pub enum AgentEvent {
         call: ToolCall,
         error: Option<String>,
     },
-    /// A step's or a turn's usage; `reason` is why it ended (`stop`, `tool-calls`, ...).
+    /// A step's or a turn's usage; `reason` is why it ended (`stop`, `tool-calls`, ...). Its
+    /// `cost_usd` is `None` when the agent reports no cost.
     Usage {
         usage: Usage,
         reason: Option<String>,
-        cost_reported: bool,
     },
     /// The agent waits on a decision over its control channel: its own question, or approval
     /// for a tool call. `request` is its id for the answer; `input` the tool call's input.
@@ -248,11 +218,11 @@ pub fn opencode_events(line: &str) -> Option<Vec<AgentEvent>> {
                 reasoning_tokens: t("/tokens/reasoning"),
                 cache_read_tokens: t("/tokens/cache/read"),
                 cache_write_tokens: t("/tokens/cache/write"),
-                cost_usd: part.get("cost").and_then(Value::as_f64).unwrap_or(0.0),
+                cost_usd: Some(part.get("cost").and_then(Value::as_f64).unwrap_or(0.0)),
                 steps: 1,
             };
             let reason = part.get("reason").and_then(Value::as_str).unwrap_or("?").to_owned();
-            out.push(AgentEvent::Usage { usage, reason: Some(reason), cost_reported: true });
+            out.push(AgentEvent::Usage { usage, reason: Some(reason) });
         }
         "error" => {
             out.push(AgentEvent::Error(agent_error(ev.get("error").unwrap_or(&Value::Null))))
@@ -336,7 +306,7 @@ mod tests {
         assert_eq!(log.final_text(), "All green.");
         assert_eq!(log.usage.input_tokens, 990);
         assert_eq!(log.usage.cache_read_tokens, 4003);
-        assert!((log.usage.cost_usd - 0.00724).abs() < 1e-9);
+        assert!((log.usage.cost() - 0.00724).abs() < 1e-9);
         assert_eq!(log.tool_calls[0].exit_code, Some(0));
         assert!(out.iter().any(|l| l == "tool bash: cargo test -q (exit 0)"), "{out:?}");
     }

@@ -7,7 +7,6 @@ use git2::{
     BranchType, Delta, Diff, DiffFindOptions, DiffFormat, DiffOptions, IndexAddOption, Oid,
     Repository, Signature, StatusOptions, WorktreeAddOptions, WorktreePruneOptions,
 };
-use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
 /// A repository as a task records it: its top level and the commit the task starts from.
@@ -863,21 +862,7 @@ pub fn revert_all(worktree: &Path) -> Result<Vec<String>> {
     Ok(changed)
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct FileTouched {
-    pub path: String,
-    /// `added`, `modified`, `deleted`, `renamed`, `copied` or `typechange`.
-    pub status: String,
-    #[serde(skip_serializing_if = "Option::is_none", default)]
-    pub old_path: Option<String>,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct DiffStat {
-    pub files: usize,
-    pub insertions: usize,
-    pub deletions: usize,
-}
+pub use queue::{DiffStat, FileTouched};
 
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct WorkDiff {

@@ -17,7 +17,8 @@
 //!   (`diagnose.rs`), the models they offer ([`models`]) and process supervision ([`process`]);
 //! - git ([`git`]: worktrees, stacking, commits, diffs; `merge.rs`; `remote.rs`: the remote that
 //!   lets workers on several hosts share a repository, and their mirrors of it);
-//! - the checks of `[verify]` (`verify.rs`), the structured result (`result.rs`), task log files
+//! - the checks of `[verify]` (`verify.rs`), reading what the agent said into the task's result
+//!   (`result.rs`; the result's type, `TaskResult`, is the queue's), task log files
 //!   ([`logs`]), notifications (`notify.rs`), the user service that runs a worker without a
 //!   terminal ([`service`]), `clear_finished` (`clear.rs`), and the `submit` and `followup`
 //!   operations that resolve a repository before it reaches the queue (`submit.rs`).
@@ -60,7 +61,7 @@ pub use clear::clear_finished;
 pub use config::{OpenCodeMode, RepoConfig, WorkerConfig, hostname};
 pub use error::{Error, Result};
 pub use events::RunLog;
-pub use merge::{Overlap, merge_task, overlaps};
+pub use merge::{MergeReport, Overlap, merge_task, overlaps};
 pub use notify::{NotifyConfig, install_tls};
 pub use opencode_config::BRIDGE_MCP_NAME;
 pub use result::TaskResult;

@@ -2,13 +2,12 @@
 
 use crate::error::{Error, Result};
 use crate::git;
-use crate::result::TaskResult;
 use queue::{Store, Task, TaskId, TaskStatus};
 use serde::Serialize;
 use std::path::Path;
 
 /// What a merge did, for the caller.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
 pub struct MergeReport {
     pub task_id: i64,
     pub into: String,
@@ -36,7 +35,7 @@ pub fn merge_task(
             id.0, task.display_status
         )));
     }
-    let result = TaskResult::of(&task).unwrap_or_default();
+    let result = task.result.clone().unwrap_or_default();
     let Some(commit) = result.commit.clone() else {
         return Err(Error::Repo(format!(
             "task {} changed nothing, so there is nothing to merge",
@@ -91,7 +90,7 @@ pub fn merge_task(
 }
 
 /// Another unmerged task that changed some of the same paths.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
 pub struct Overlap {
     pub task_id: i64,
     pub title: String,
@@ -131,7 +130,8 @@ pub fn overlaps(store: &Store, task: &Task) -> Result<Vec<Overlap>> {
 }
 
 fn files_of(task: &Task) -> Vec<String> {
-    TaskResult::of(task)
-        .map(|r| r.files_touched.into_iter().map(|f| f.path).collect())
+    task.result
+        .as_ref()
+        .map(|r| r.files_touched.iter().map(|f| f.path.clone()).collect())
         .unwrap_or_default()
 }

@@ -265,7 +265,7 @@ pub fn followup(store: &Store, parent: queue::TaskId, prompt: &str) -> Result<Ta
             parent.0
         )));
     };
-    let res = crate::result::TaskResult::of(&p).unwrap_or_default();
+    let res = p.result.clone().unwrap_or_default();
     let left_in_worktree = match (&p.status, &p.worktree) {
         (TaskStatus::Failed, Some(wt)) if Path::new(wt).exists() => {
             let msg = format!("taskbridge: task {} (its work when it failed)", parent.0);

@@ -12,7 +12,7 @@ pub struct RunFacts {
     pub branch: Option<String>,
     pub worktree: Option<String>,
     /// The result so far (a running task's spend), replaced by the final one when it ends.
-    pub result: Option<serde_json::Value>,
+    pub result: Option<TaskResult>,
     /// The commit the branch started from, and the dependencies whose work that is.
     pub started_from: Option<String>,
     pub stacked_on: Option<Vec<TaskId>>,
@@ -21,7 +21,6 @@ pub struct RunFacts {
 impl Store {
     /// Records facts about the current run (agent process, session, branch) under the lease.
     pub fn record_run(&self, id: TaskId, token: i64, facts: RunFacts) -> Result<()> {
-        let result = facts.result.as_ref().map(|v| v.to_string());
         let stacked_on = facts.stacked_on.as_ref().map(|ids| {
             serde_json::Value::from(ids.iter().map(|i| i.0).collect::<Vec<_>>()).to_string()
         });
@@ -30,9 +29,8 @@ impl Store {
                 "UPDATE tasks SET agent_pid = coalesce(?1, agent_pid),
                     agent_started = coalesce(?2, agent_started),
                     session_id = coalesce(?3, session_id), branch = coalesce(?4, branch),
-                    worktree = coalesce(?5, worktree), result = coalesce(?9, result),
-                    started_from = coalesce(?10, started_from),
-                    stacked_on = coalesce(?11, stacked_on), updated_at = ?6
+                    worktree = coalesce(?5, worktree), started_from = coalesce(?9, started_from),
+                    stacked_on = coalesce(?10, stacked_on), updated_at = ?6
                  WHERE id = ?7 AND lease_token = ?8 AND status = 'running'",
                 args![
                     facts.agent_pid,
@@ -43,19 +41,20 @@ impl Store {
                     now,
                     id.0,
                     token,
-                    &result,
                     &facts.started_from,
                     &stacked_on,
                 ],
             )?;
-            if n == 0 { Err(Error::StaleLease { id, token }) } else { Ok(()) }
+            if n == 0 {
+                return Err(Error::StaleLease { id, token });
+            }
+            write_result(tx, id, facts.result.as_ref())
         })
     }
 
     /// Ends a run. Rejected with [`Error::StaleLease`] unless `token` is the current one and the
     /// task is still running: a worker that lost its lease cannot overwrite the next run's work.
     pub fn finish(&self, id: TaskId, token: i64, outcome: Outcome) -> Result<Task> {
-        let json = |v: &Option<serde_json::Value>| v.as_ref().map(|v| v.to_string());
         let waiting_ask = match &outcome {
             Outcome::Waiting { ask: Some(a), .. } => Some(
                 serde_json::to_string(a).map_err(|source| Error::Json { column: "ask", source })?,
@@ -83,12 +82,13 @@ impl Store {
                 Outcome::Done { result } => {
                     tx.exec(
                         &format!(
-                            "UPDATE tasks SET status = 'done', result = ?1, error = NULL,
-                               question = NULL, finished_at = ?2, updated_at = ?2, {END_RUN}
-                             WHERE id = ?3"
+                            "UPDATE tasks SET status = 'done', error = NULL,
+                               question = NULL, finished_at = ?1, updated_at = ?1, {END_RUN}
+                             WHERE id = ?2"
                         ),
-                        args![result.to_string(), now, id.0],
+                        args![now, id.0],
                     )?;
+                    write_result(tx, id, Some(result))?;
                     notes_ended_first(tx, id)?;
                 }
                 Outcome::Failed { error, result, backoff_s } if attempts < max_attempts => {
@@ -96,18 +96,19 @@ impl Store {
                     // delivers it; that attempt is counted here, since a resuming claim does
                     // not count one.
                     tx.exec(
-                        "UPDATE tasks SET status = 'queued', result = coalesce(?1, result), error = ?2,
-                           worker = NULL, not_before = ?3 + ?4, updated_at = ?3,
+                        "UPDATE tasks SET status = 'queued', error = ?1,
+                           worker = NULL, not_before = ?2 + ?3, updated_at = ?2,
                            attempts = attempts + CASE WHEN pending_answer IS NULL THEN 0 ELSE 1 END,
                            lease_until = NULL, cancel_requested = 0, agent_pid = NULL,
                            agent_started = NULL, parked_worker = NULL
-                         WHERE id = ?5",
-                        args![json(result), error, now, backoff_s.max(0.0), id.0],
+                         WHERE id = ?4",
+                        args![error, now, backoff_s.max(0.0), id.0],
                     )?;
+                    write_result(tx, id, result.as_deref())?;
                 }
                 Outcome::Failed { error, result, .. }
                 | Outcome::FailedPermanently { error, result } => {
-                    end_terminal(tx, now, id, TaskStatus::Failed, Some(error), json(result))?;
+                    end_terminal(tx, now, id, TaskStatus::Failed, Some(error), result.as_deref())?;
                 }
                 Outcome::Released => {
                     tx.exec(
@@ -121,20 +122,21 @@ impl Store {
                     )?;
                 }
                 Outcome::Cancelled { result } => {
-                    end_terminal(tx, now, id, TaskStatus::Cancelled, None, json(result))?;
+                    end_terminal(tx, now, id, TaskStatus::Cancelled, None, result.as_deref())?;
                 }
                 Outcome::Waiting { question, session_id, result, ask } => {
                     let parked = ask.as_ref().is_some_and(|a| a.request_id.is_some());
                     tx.exec(
                         &format!(
                             "UPDATE tasks SET status = 'waiting', question = ?1, session_id = ?2,
-                               asked_at = ?3, result = coalesce(?4, result), updated_at = ?3,
-                               {END_RUN_KEEPING_ASK}, ask = ?6,
-                               parked_worker = CASE WHEN ?7 = 1 THEN worker ELSE NULL END
-                             WHERE id = ?5"
+                               asked_at = ?3, updated_at = ?3,
+                               {END_RUN_KEEPING_ASK}, ask = ?5,
+                               parked_worker = CASE WHEN ?6 = 1 THEN worker ELSE NULL END
+                             WHERE id = ?4"
                         ),
-                        args![question, session_id, now, json(result), id.0, &waiting_ask, parked],
+                        args![question, session_id, now, id.0, &waiting_ask, parked],
                     )?;
+                    write_result(tx, id, result.as_deref())?;
                     tx.exec(
                         "INSERT INTO task_questions (task_id, question, asked_at, ask)
                          VALUES (?1, ?2, ?3, ?4)",

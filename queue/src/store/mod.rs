@@ -21,6 +21,7 @@ pub use finish::RunFacts;
 use crate::error::{Error, Result};
 use crate::location::Location;
 use crate::model::*;
+use crate::result::TaskResult;
 use crate::sql::{Arg, Dialect, Row, Tx, args};
 use crate::sqlite::Durability;
 use std::collections::BTreeMap;
@@ -62,13 +63,16 @@ fn status_from_str(s: &str) -> Result<TaskStatus> {
 
 fn task_from_row(row: &Row) -> Result<Task> {
     let status = status_from_str(&row.get::<String>(16)?)?;
-    let result = match row.get::<Option<String>>(19)? {
-        Some(text) => Some(
-            serde_json::from_str(&text)
-                .map_err(|source| Error::Json { column: "result", source })?,
-        ),
-        None => None,
-    };
+    // A result this build cannot read (written by a newer one, say) leaves the task readable:
+    // the row keeps the text, and the task shows no result rather than failing every read.
+    let result: Option<TaskResult> =
+        row.get::<Option<String>>(19)?.and_then(|text| match serde_json::from_str(&text) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                tracing::warn!(column = "result", error = %e, "a task's result does not read");
+                None
+            }
+        });
     let json_col = |i: usize| -> Result<Option<serde_json::Value>> {
         Ok(row.get::<Option<String>>(i)?.and_then(|text| serde_json::from_str(&text).ok()))
     };
@@ -261,6 +265,19 @@ const NOTE_DELIVERED: i64 = 1;
 const NOTE_ENDED_FIRST: i64 = 2;
 
 /// The notes of a task that ends now and its agent never got.
+/// Writes a task's result, when there is one, and its spend beside it: the queue's sums read
+/// the `cost_usd` and `tokens` columns, never the JSON. `None` leaves all three as they are.
+fn write_result(tx: &mut dyn Tx, id: TaskId, result: Option<&TaskResult>) -> Result<()> {
+    let Some(r) = result else { return Ok(()) };
+    let text =
+        serde_json::to_string(r).map_err(|source| Error::Json { column: "result", source })?;
+    tx.exec(
+        "UPDATE tasks SET result = ?1, cost_usd = ?2, tokens = ?3 WHERE id = ?4",
+        args![text, r.usage.cost_usd, r.tokens(), id.0],
+    )?;
+    Ok(())
+}
+
 fn notes_ended_first(tx: &mut dyn Tx, id: TaskId) -> Result<()> {
     tx.exec(
         "UPDATE task_notes SET delivered = ?1 WHERE task_id = ?2 AND delivered = 0",
@@ -277,7 +294,7 @@ fn end_terminal(
     id: TaskId,
     to: TaskStatus,
     error: Option<&str>,
-    result: Option<String>,
+    result: Option<&TaskResult>,
 ) -> Result<()> {
     let from = status_of(tx, id)?;
     if !from.can_become(to) {
@@ -289,13 +306,14 @@ fn end_terminal(
         });
     }
     tx.exec(
-        "UPDATE tasks SET status = ?1, error = coalesce(?2, error), result = coalesce(?3, result),
-           finished_at = ?4, updated_at = ?4, lease_until = NULL, pending_answer = NULL,
+        "UPDATE tasks SET status = ?1, error = coalesce(?2, error),
+           finished_at = ?3, updated_at = ?3, lease_until = NULL, pending_answer = NULL,
            cancel_requested = 0, agent_pid = NULL, agent_started = NULL, ask = NULL,
            question = CASE WHEN ?1 = 'waiting' THEN question ELSE NULL END
-         WHERE id = ?5",
-        args![to.as_str(), error, result, now, id.0],
+         WHERE id = ?4",
+        args![to.as_str(), error, now, id.0],
     )?;
+    write_result(tx, id, result)?;
     notes_ended_first(tx, id)?;
     let mut stack = vec![(id, to)];
     while let Some((dep, how)) = stack.pop() {

@@ -128,9 +128,8 @@ impl Store {
             let default_model = get_setting(conn, "default_model")?;
             let mut spend_today = Spend::default();
             for row in conn.query(
-                "SELECT status, coalesce(sum(json_extract(result, '$.usage.cost_usd')), 0.0),
-                        CAST(coalesce(sum(json_extract(result, '$.usage.input_tokens')
-                          + json_extract(result, '$.usage.output_tokens')), 0) AS BIGINT)
+                "SELECT status, coalesce(sum(cost_usd), 0.0),
+                        CAST(coalesce(sum(tokens), 0) AS BIGINT)
                    FROM tasks
                   WHERE result IS NOT NULL
                     AND updated_at >= unixepoch('now', 'localtime', 'start of day', 'utc')

@@ -273,9 +273,8 @@ impl Store {
                         args![g],
                     )?;
                     let spent = conn.query_one(
-                        "SELECT coalesce(sum(json_extract(result, '$.usage.cost_usd')), 0.0),
-                                CAST(coalesce(sum(json_extract(result, '$.usage.input_tokens')
-                                  + json_extract(result, '$.usage.output_tokens')), 0) AS BIGINT)
+                        "SELECT coalesce(sum(cost_usd), 0.0),
+                                CAST(coalesce(sum(tokens), 0) AS BIGINT)
                            FROM tasks WHERE budget_group = ?1 AND id != ?2",
                         args![g, id.0],
                     )?;

@@ -189,11 +189,11 @@ impl AgentProtocol for ClaudeStream {
                     reasoning_tokens: 0,
                     cache_read_tokens: t("/usage/cache_read_input_tokens"),
                     cache_write_tokens: t("/usage/cache_creation_input_tokens"),
-                    cost_usd: v["total_cost_usd"].as_f64().unwrap_or(0.0),
+                    cost_usd: Some(v["total_cost_usd"].as_f64().unwrap_or(0.0)),
                     steps: t("/num_turns").max(1),
                 };
                 let reason = str_at("/stop_reason").or_else(|| str_at("/subtype"));
-                out.push(AgentEvent::Usage { usage, reason, cost_reported: true });
+                out.push(AgentEvent::Usage { usage, reason });
                 if v["is_error"].as_bool().unwrap_or(false) {
                     let message = str_at("/result")
                         .or_else(|| {
@@ -423,7 +423,7 @@ mod tests {
             AgentEvent::Usage { usage, .. } => Some(usage.cost_usd),
             _ => None,
         });
-        assert_eq!(cost, Some(0.25));
+        assert_eq!(cost, Some(Some(0.25)));
         assert_eq!(all.last(), Some(&AgentEvent::TurnFinished));
         let reply = s.answer("r1", &Decision::Deny { message: "no".into() }).unwrap();
         let reply: Value = serde_json::from_str(&reply).unwrap();

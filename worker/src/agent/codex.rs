@@ -98,14 +98,10 @@ impl AgentProtocol for CodexStream {
                     reasoning_tokens: t("/usage/reasoning_output_tokens"),
                     cache_read_tokens: cached,
                     cache_write_tokens: t("/usage/cache_write_input_tokens"),
-                    cost_usd: 0.0,
+                    cost_usd: None,
                     steps: 1,
                 };
-                out.push(AgentEvent::Usage {
-                    usage,
-                    reason: Some("stop".into()),
-                    cost_reported: false,
-                });
+                out.push(AgentEvent::Usage { usage, reason: Some("stop".into()) });
                 out.push(AgentEvent::TurnFinished);
             }
             "turn.failed" => out.push(AgentEvent::Error(error_of(&s("/error/message")))),
@@ -214,7 +210,7 @@ mod tests {
         assert!(all.iter().any(|e| matches!(e, AgentEvent::ToolEnded { call, .. }
             if call.exit_code == Some(0) && call.target == "cargo test")));
         assert_eq!(unwrap_shell(r"/bin/bash -lc 'echo '\''hi'\'''"), "echo 'hi'");
-        assert!(all.iter().any(|e| matches!(e, AgentEvent::Usage { cost_reported: false, usage, .. } if usage.input_tokens == 9 && usage.cache_read_tokens == 2)));
+        assert!(all.iter().any(|e| matches!(e, AgentEvent::Usage { usage, .. } if usage.cost_usd.is_none() && usage.input_tokens == 9 && usage.cache_read_tokens == 2)));
         let e = s
             .events(r#"{"type":"error","message":"Reconnecting... 1/5 (unexpected status 401 Unauthorized: Incorrect API key provided, url: http://127.0.0.1:9/v1/responses)"}"#)
             .unwrap();

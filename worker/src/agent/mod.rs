@@ -118,20 +118,7 @@ impl AgentSpec {
     }
 }
 
-/// What an agent can do natively; where it cannot, TaskBridge's fallback holds instead.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Capabilities {
-    /// Its own question tool, answered with the options it offered (else: the prompt-level
-    /// `taskbridge-question` block).
-    pub native_questions: bool,
-    /// Approval requests for tool calls, so `ask` rules can wait for an answer (else: what an
-    /// `ask` rule names is denied, or not enforceable, as the result says).
-    pub native_permissions: bool,
-    /// It reports what a run cost (else: `usage.cost_usd` is `null`).
-    pub reports_cost: bool,
-    /// A session can be resumed for answers and follow-ups.
-    pub resumable: bool,
-}
+pub use queue::Capabilities;
 
 impl AgentKind {
     pub fn name(self) -> &'static str {

@@ -26,7 +26,6 @@ use crate::error::{Error, Result};
 use crate::events::Usage;
 use crate::logs::TaskLog;
 use crate::process::StopReason;
-use crate::result::TaskResult;
 use queue::{Outcome, Task};
 use std::path::PathBuf;
 use tokio::sync::watch;
@@ -118,7 +117,7 @@ impl Run<'_> {
 
 /// What the task's earlier runs (before an answer, before a retry) spent.
 fn previous_usage(task: &Task) -> Usage {
-    TaskResult::of(task).map(|r| r.usage).unwrap_or_default()
+    task.result.as_ref().map(|r| r.usage.clone()).unwrap_or_default()
 }
 
 /// What the task had spent before a turn: its earlier runs, and `carried`, this run's earlier
@@ -127,10 +126,6 @@ fn spent_before(task: &Task, carried: &Usage) -> Usage {
     let mut u = previous_usage(task);
     u.add(carried);
     u
-}
-
-fn to_json(res: &TaskResult) -> serde_json::Value {
-    res.to_json()
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 //! functions of the exit and the run, so every case is tested with made-up exits; the worker
 //! then turns the verdict into the run's outcome ([`Worker::settle`]).
 
-use super::{End, Run, Stage, spent_before, to_json};
+use super::{End, Run, Stage, spent_before};
 use crate::agent::AgentKind;
 use crate::claim_loop::Worker;
 use crate::diagnose::{self, Diagnosis, ModelUsed};
@@ -93,6 +93,10 @@ pub(super) fn result_of(exit: &AgentExit, run: &Run<'_>, carried: &Usage) -> Tas
     let mut permissions =
         result::permissions_for(run.spec.kind, task.readonly, task.no_shell, task.no_network);
     permissions.extend(crate::decisions::ask_permissions(task, run.spec.kind, run.serving()));
+    let agent = crate::decisions::agent_report(task, &run.spec, run.serving(), run.warm_server);
+    // An agent that reports no cost spent an unknown amount (`null`), not nothing; one that
+    // reports it and took no step spent nothing.
+    usage.cost_usd = agent.capabilities.reports_cost.then(|| usage.cost());
     TaskResult {
         summary: result::summary(&final_text, &reported),
         tests_run: result::tests_run(&exit.run, &reported),
@@ -110,12 +114,7 @@ pub(super) fn result_of(exit: &AgentExit, run: &Run<'_>, carried: &Usage) -> Tas
             .map(|t| t.0)
             .chain(run.deps.iter().filter(|d| d.commit.is_some()).map(|d| d.id.0))
             .collect(),
-        agent: Some(crate::decisions::agent_report(
-            task,
-            &run.spec,
-            run.serving(),
-            run.warm_server,
-        )),
+        agent: Some(agent),
         ..Default::default()
     }
 }
@@ -136,7 +135,7 @@ impl Worker {
             Verdict::Released => return Err(Outcome::Released.into()),
             Verdict::Cancelled => {
                 self.fill_diff(task, dir, &mut res, false).await;
-                return Err(Outcome::Cancelled { result: Some(to_json(&res)) }.into());
+                return Err(Outcome::Cancelled { result: Some(Box::new(res)) }.into());
             }
             Verdict::Asks(question) => {
                 let Some(session_id) = res.session_id.clone() else {
@@ -144,17 +143,17 @@ impl Worker {
                         "the agent asked a question but {} reported no session to resume",
                         run.spec.kind.name()
                     );
-                    let result = Some(to_json(&res));
+                    let result = Some(Box::new(res));
                     return Err(Outcome::Failed { error, result, backoff_s: 0.0 }.into());
                 };
-                let result = Some(to_json(&res));
+                let result = Some(Box::new(res));
                 return Err(Outcome::Waiting { question, session_id, result, ask: None }.into());
             }
             Verdict::Waits(ask) => {
                 return Err(Outcome::Waiting {
                     question: ask.text(),
                     session_id: res.session_id.clone().unwrap_or_default(),
-                    result: Some(to_json(&res)),
+                    result: Some(Box::new(res)),
                     ask: Some(Box::new(ask)),
                 }
                 .into());
@@ -163,7 +162,7 @@ impl Worker {
             Verdict::Explain(e, used) => self.diagnose_agent_error(&e, &used).await,
         };
         self.fill_diff(task, dir, &mut res, false).await;
-        let result = Some(to_json(&res));
+        let result = Some(Box::new(res));
         Err(match d.retryable {
             false => Outcome::FailedPermanently { error: d.message, result },
             true => {
@@ -321,15 +320,29 @@ mod tests {
     }
 
     #[test]
+    fn a_cost_is_null_only_when_the_agent_reports_none() {
+        let task = crate::sample_task();
+        let mut e = exit(Some(0), "Done.");
+        e.run.usage = Usage { input_tokens: 7, cost_usd: None, ..Default::default() };
+        let codex = result_of(&e, &run_of(&task, AgentKind::Codex), &Usage::default());
+        assert_eq!((codex.usage.cost_usd, codex.usage.input_tokens), (None, 7));
+        assert!(!codex.cost_known());
+        assert!(serde_json::to_value(&codex).unwrap()["usage"]["cost_usd"].is_null());
+        // An agent that reports its cost and took no step spent nothing, which is known.
+        let claude = result_of(&e, &run_of(&task, AgentKind::ClaudeCode), &Usage::default());
+        assert_eq!(claude.usage.cost_usd, Some(0.0));
+    }
+
+    #[test]
     fn the_result_adds_up_the_runs_spend_and_keeps_where_the_task_started() {
         let mut task = crate::sample_task();
         task.session_id = Some("ses_task".into());
         task.stacked_on = vec![TaskId(3)];
         let earlier = TaskResult {
-            usage: Usage { input_tokens: 100, cost_usd: 0.5, ..Default::default() },
+            usage: Usage { input_tokens: 100, cost_usd: Some(0.5), ..Default::default() },
             ..Default::default()
         };
-        task.result = Some(earlier.to_json());
+        task.result = Some(earlier);
         let mut run = run_of(&task, AgentKind::ClaudeCode);
         run.deps = vec![
             super::super::DepInfo {
@@ -352,18 +365,22 @@ mod tests {
         let text = "Done.\n```taskbridge-result\n{\"summary\": \"Added a test.\", \
                     \"tests_run\": [\"cargo test\"], \"open_questions\": [\"Keep it?\"]}\n```";
         let mut e = exit(Some(0), text);
-        e.run.usage =
-            Usage { input_tokens: 10, output_tokens: 5, cost_usd: 0.25, ..Default::default() };
+        e.run.usage = Usage {
+            input_tokens: 10,
+            output_tokens: 5,
+            cost_usd: Some(0.25),
+            ..Default::default()
+        };
         e.run.tool_calls = vec![ToolCall {
             tool: "bash".into(),
             target: "cargo test".into(),
             status: "completed".into(),
             exit_code: Some(0),
         }];
-        let carried = Usage { input_tokens: 1, cost_usd: 0.125, ..Default::default() };
+        let carried = Usage { input_tokens: 1, cost_usd: Some(0.125), ..Default::default() };
         let res = result_of(&e, &run, &carried);
         assert_eq!((res.usage.input_tokens, res.usage.output_tokens), (111, 5));
-        assert_eq!(res.usage.cost_usd, 0.875);
+        assert_eq!(res.usage.cost_usd, Some(0.875));
         assert_eq!(
             res.session_id.as_deref(),
             Some("ses_task"),

@@ -7,7 +7,7 @@ use super::Run;
 use crate::agent::AgentKind;
 use crate::config::WorkerConfig;
 use crate::opencode_config::{permission_json, with_bridge};
-use crate::result::{Check, TaskResult};
+use crate::result::Check;
 use queue::{Answer, Resume, Task, TaskId};
 
 const PREAMBLE: &str = include_str!("../../../assets/preamble.md");
@@ -25,7 +25,7 @@ pub(crate) struct DepInfo {
 
 impl DepInfo {
     pub fn of(dep: &Task) -> DepInfo {
-        let r = TaskResult::of(dep).unwrap_or_default();
+        let r = dep.result.clone().unwrap_or_default();
         DepInfo {
             id: dep.id,
             title: dep.title.clone(),

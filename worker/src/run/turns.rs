@@ -7,7 +7,7 @@
 
 use super::outcome;
 use super::prompt::{Conversation, exit_status, notes_section};
-use super::{Run, Stage, previous_usage, spent_before, to_json};
+use super::{Run, Stage, previous_usage, spent_before};
 use crate::agent::AgentKind;
 use crate::agent::opencode_serve::{Control, Delivery, Progress, ServeAgent};
 use crate::claim_loop::Worker;
@@ -66,7 +66,7 @@ impl Worker {
                 self.fill_diff(task, &run.dir, &mut res, false).await;
                 let error = verification_failed(&f, verify.rounds);
                 return Err(
-                    Outcome::FailedPermanently { error, result: Some(to_json(&res)) }.into()
+                    Outcome::FailedPermanently { error, result: Some(Box::new(res)) }.into()
                 );
             }
             log.line(&format!(
@@ -361,7 +361,7 @@ fn spend_recorder(
         usage.add(&run.usage);
         let partial =
             TaskResult { usage, session_id: run.session_id.clone(), ..Default::default() };
-        let facts = RunFacts { result: Some(to_json(&partial)), ..Default::default() };
+        let facts = RunFacts { result: Some(partial), ..Default::default() };
         if let Err(e) = store.record_run(id, token, facts) {
             tracing::debug!(task = %id, error = %e, "recording the spend failed");
         }
@@ -409,9 +409,9 @@ fn progress(
         };
         let mut usage = prev.clone();
         usage.add(step);
-        let (cost, tokens) = (usage.cost_usd, (usage.input_tokens + usage.output_tokens) as i64);
+        let (cost, tokens) = (usage.cost(), (usage.input_tokens + usage.output_tokens) as i64);
         let partial = TaskResult { usage, session_id: session.clone(), ..Default::default() };
-        let facts = RunFacts { result: Some(to_json(&partial)), ..Default::default() };
+        let facts = RunFacts { result: Some(partial), ..Default::default() };
         if let Err(e) = store.record_run(id, token, facts) {
             tracing::debug!(task = %id, error = %e, "recording the spend failed");
         }

@@ -303,7 +303,7 @@ impl Worker {
             log.line(&error);
             return Ok(Outcome::Failed {
                 error,
-                result: Some(super::to_json(&res)),
+                result: Some(Box::new(res)),
                 backoff_s: self.backoff(task.attempts),
             });
         }
@@ -324,7 +324,7 @@ impl Worker {
         if !task.worktree_keep {
             self.leave_worktree(task, dir, log).await;
         }
-        Ok(Outcome::Done { result: super::to_json(&res) })
+        Ok(Outcome::Done { result: Box::new(res) })
     }
 
     /// A done task's directory: kept for this worker's next task of the repository (`serve`

@@ -430,7 +430,7 @@ mod tests {
         let finish = part(json!({"type": "step-finish", "reason": "stop", "cost": 0.5,
             "tokens": {"input": 7, "output": 3}}));
         let usage = f.read(&finish, &mut log).unwrap();
-        assert_eq!((usage.steps, usage.input_tokens, usage.cost_usd), (1, 7, 0.5));
+        assert_eq!((usage.steps, usage.input_tokens, usage.cost_usd), (1, 7, Some(0.5)));
         assert_eq!(f.read(&finish, &mut log).unwrap().steps, 2);
         let raw =
             std::fs::read_to_string(crate::logs::events_path(logs.path(), 1)).unwrap_or_default();

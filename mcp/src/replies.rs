@@ -1,0 +1,316 @@
+//! What the TaskBridge tools answer, as types: each is the tool's `structuredContent`, and its
+//! JSON Schema is the tool's `outputSchema`, so a client can check a reply and a model can read
+//! its shape from `tools/list`. The CLI's `--json` output of the same operations is the same
+//! value.
+
+use queue::{
+    AgentReport, Ask, Check, DiffStat, FileTouched, Permission, PermissionRequest, Task,
+    TaskStatus, TestRun, Usage,
+};
+use schemars::JsonSchema;
+use serde::Serialize;
+
+/// A task (`submit_task`, `get_task`, `answer_task`, `followup_task`, `add_task_note`,
+/// `cancel_task`, `retry_task`, `set_task_priority`): every stored field with `task_id` first
+/// class. Its `result` leaves out the diff, which can be large (`get_task_result` has it).
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct TaskReply {
+    pub task_id: i64,
+    #[serde(flatten)]
+    pub task: Task,
+    /// Whether `submit_task` created it (`false`: the `request_id` named an earlier task).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub created: Option<bool>,
+    /// What `submit_task` said rather than refused: no worker alive to run it, a model that
+    /// could not be checked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warnings: Option<Vec<String>>,
+}
+
+impl TaskReply {
+    /// `with_result`: the result without its diff; else none (a task just submitted).
+    pub fn of(task: &Task, with_result: bool) -> TaskReply {
+        let mut task = task.clone();
+        match (&mut task.result, with_result) {
+            (Some(r), true) => r.diff.clear(),
+            (r, _) => *r = None,
+        }
+        TaskReply { task_id: task.id.0, task, created: None, warnings: None }
+    }
+
+    pub fn submitted(task: &Task, created: bool, warnings: Vec<String>) -> TaskReply {
+        TaskReply { created: Some(created), warnings: Some(warnings), ..TaskReply::of(task, false) }
+    }
+}
+
+/// `submit_batch`: the tasks in the batch's order, and what was said about them.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct BatchReply {
+    pub tasks: Vec<TaskReply>,
+    pub warnings: Vec<String>,
+}
+
+/// `wait_for`: the tasks by where they are, and each one's state.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct WaitReply {
+    pub done: Vec<i64>,
+    pub failed: Vec<i64>,
+    pub cancelled: Vec<i64>,
+    /// Waiting on a decision: answer with `answer_task`.
+    pub waiting: Vec<i64>,
+    /// Queued, blocked or running.
+    pub pending: Vec<i64>,
+    /// The wait ended at its time limit rather than because the condition was met.
+    pub timed_out: bool,
+    pub tasks: Vec<WaitTask>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct WaitTask {
+    pub task_id: i64,
+    /// `blocked` for a queued task with unfinished dependencies, else its state.
+    pub status: String,
+    pub title: String,
+    pub question: Option<String>,
+    pub ask: Option<Ask>,
+    pub error: Option<String>,
+}
+
+impl WaitTask {
+    pub fn of(t: &Task) -> WaitTask {
+        WaitTask {
+            task_id: t.id.0,
+            status: t.display_status.clone(),
+            title: t.title.clone(),
+            question: t.question.clone(),
+            ask: t.ask.clone(),
+            error: t.error.clone(),
+        }
+    }
+}
+
+/// `list_tasks`: a page of tasks, newest first.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ListReply {
+    pub tasks: Vec<ListedTask>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ListedTask {
+    pub task_id: i64,
+    pub title: String,
+    pub status: String,
+    pub priority: i64,
+    pub repo: String,
+    pub attempts: i64,
+    pub waiting_on: Vec<i64>,
+    pub question: Option<String>,
+    pub error: Option<String>,
+    pub created_at: f64,
+    pub updated_at: f64,
+}
+
+impl ListedTask {
+    pub fn of(t: &Task) -> ListedTask {
+        ListedTask {
+            task_id: t.id.0,
+            title: t.title.clone(),
+            status: t.display_status.clone(),
+            priority: t.priority,
+            repo: t.repo.clone(),
+            attempts: t.attempts,
+            waiting_on: t.waiting_on.iter().map(|i| i.0).collect(),
+            question: t.question.clone(),
+            error: t.error.clone(),
+            created_at: t.created_at,
+            updated_at: t.updated_at,
+        }
+    }
+}
+
+/// `get_task_result`: what the task did, checked against git, with its diff.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ResultReply {
+    pub task_id: i64,
+    pub status: String,
+    /// Done, failed or cancelled: nothing more will change.
+    pub finished: bool,
+    pub summary: String,
+    pub files_touched: Vec<FileTouched>,
+    pub tests_run: Vec<TestRun>,
+    pub open_questions: Vec<String>,
+    pub question: Option<String>,
+    /// Cut to `max_diff_bytes` (at a character boundary) when `diff_truncated`.
+    pub diff: String,
+    pub diff_truncated: bool,
+    /// The whole diff's length.
+    pub diff_bytes: usize,
+    pub diffstat: DiffStat,
+    /// `cost_usd` is `null` for an agent that reports no cost.
+    pub usage: Usage,
+    /// Which agent ran it, what it could do natively, and the fallbacks that held instead.
+    pub agent: Option<AgentReport>,
+    pub branch: Option<String>,
+    pub commit: Option<String>,
+    pub permissions: Vec<Permission>,
+    pub permission_requests: Vec<PermissionRequest>,
+    pub reverted_files: Vec<String>,
+    pub started_from: Option<String>,
+    pub stacked_on: Vec<i64>,
+    pub no_changes: bool,
+    pub verification: Vec<Check>,
+    pub verified: Option<bool>,
+    /// Where a worker that ran from a mirror of the remote pushed the branch.
+    pub pushed_to: Option<String>,
+    /// The host of the worker that ran it.
+    pub host: Option<String>,
+    /// Other unmerged tasks that changed some of the same paths.
+    pub overlaps: Vec<worker::Overlap>,
+    pub merged_into: Option<String>,
+    pub merge_commit: Option<String>,
+    pub error: Option<String>,
+    pub note: Option<String>,
+}
+
+impl ResultReply {
+    pub fn of(task: &Task, max_diff_bytes: usize, overlaps: Vec<worker::Overlap>) -> ResultReply {
+        let r = task.result.clone().unwrap_or_default();
+        let mut diff = r.diff.clone();
+        let truncated = diff.len() > max_diff_bytes;
+        if truncated {
+            let mut cut = max_diff_bytes;
+            while cut > 0 && !diff.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            diff.truncate(cut);
+        }
+        let note = if task.status == TaskStatus::Running && task.result.is_some() {
+            Some("still running: usage is the spend so far; the rest comes when it ends")
+        } else if task.result.is_none() && task.status != TaskStatus::Done {
+            Some("no result yet: the task has not run to the end; see status")
+        } else {
+            None
+        };
+        ResultReply {
+            task_id: task.id.0,
+            status: task.display_status.clone(),
+            finished: task.status.is_terminal(),
+            summary: if r.no_changes {
+                format!("No changes: the agent changed no file. {}", r.summary)
+            } else {
+                r.summary
+            },
+            files_touched: r.files_touched,
+            tests_run: r.tests_run,
+            open_questions: r.open_questions,
+            question: task.question.clone(),
+            diff,
+            diff_truncated: truncated,
+            diff_bytes: r.diff.len(),
+            diffstat: r.diffstat,
+            usage: r.usage,
+            agent: r.agent,
+            branch: r.branch.or(task.branch.clone()),
+            commit: r.commit,
+            permissions: r.permissions,
+            permission_requests: r.permission_requests,
+            reverted_files: r.reverted_files,
+            started_from: r.started_from.or(task.started_from.clone()),
+            stacked_on: task.stacked_on.iter().map(|i| i.0).collect(),
+            no_changes: r.no_changes,
+            verification: r.verification,
+            verified: r.verified,
+            pushed_to: r.pushed_to,
+            host: task.worker_host.clone(),
+            overlaps,
+            merged_into: task.merged_into.clone(),
+            merge_commit: task.merge_commit.clone(),
+            error: task.error.clone(),
+            note: note.map(str::to_owned),
+        }
+    }
+}
+
+/// `get_task_logs`: a page of the task's readable log.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct LogsReply {
+    pub task_id: i64,
+    pub text: String,
+    pub offset: u64,
+    /// Pass it back as `offset` to read on.
+    pub next_offset: u64,
+    /// The log's size in bytes on this host.
+    pub size: u64,
+    pub eof: bool,
+    pub running: bool,
+    /// The host of the worker that ran it.
+    pub host: Option<String>,
+    /// Where the log is when another host ran the task and this one has none.
+    #[serde(rename = "where", skip_serializing_if = "Option::is_none")]
+    pub elsewhere: Option<String>,
+}
+
+/// `list_workers`.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct WorkersReply {
+    pub workers: Vec<queue::WorkerInfo>,
+}
+
+/// `restart_worker`: what was restarted and requeued, and what started in their place.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct RestartReply {
+    /// Stale or dead workers whose tasks went back to the queue.
+    pub restarted: Vec<String>,
+    pub requeued_tasks: Vec<i64>,
+    /// The worker this server started in process, if it did.
+    pub started_worker: Option<String>,
+    /// The installed service, when its manager was asked to restart it.
+    pub service: Option<ServiceRestart>,
+    pub note: Option<String>,
+    pub workers_alive_before: usize,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ServiceRestart {
+    pub restarted: bool,
+    /// `systemd` or `launchd`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub manager: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// `clear_finished`: the tasks removed; their branches are never deleted.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ClearReply {
+    pub cleared: Vec<i64>,
+    pub branches_kept: Vec<String>,
+}
+
+/// `list_models`: the models an agent can use.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ModelsReply {
+    /// `opencode`, `claude-code` or `codex`.
+    pub agent: String,
+    pub models: Vec<String>,
+    /// How the list was made, when it is not the agent's own.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// `set_default_model`.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct DefaultModelReply {
+    pub default_model: String,
+}
+
+/// `ping`: the server and its queue.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct PingReply {
+    pub version: String,
+    /// A path, or a URL with its password masked.
+    pub database: String,
+    /// `sqlite` or `postgres`.
+    pub backend: String,
+    pub workers_alive: usize,
+}
