@@ -456,7 +456,8 @@ fn measure_answer(n: usize) -> Vec<f64> {
 fn main() {
     let full = std::env::args().any(|a| a == "--bench");
     let n = if full { 20 } else { 3 };
-    let run = measure("run", n);
+    // `cargo bench --bench agents -- floor`: only the warm server and the bare one beside it.
+    let floor_only = std::env::args().any(|a| a == "floor");
     let serve = measure("serve", n);
     let bare = measure_bare(n);
     println!(
@@ -464,6 +465,10 @@ fn main() {
         p50(&serve.first_request) / p50(&bare.first_request),
         p50(&serve.after) / p50(&bare.after)
     );
+    if floor_only {
+        return;
+    }
+    let run = measure("run", n);
     measure_claude(n);
     measure_codex(n);
     println!(

@@ -107,8 +107,10 @@ fn edit_scenario(mode: &str) {
     let log = env.log(id);
     assert!(log.contains("tool bash: sh test.sh (exit 0)"), "{log}");
     assert!(log.contains("step finished (stop)"), "{log}");
+    // OpenCode's own events: `opencode run`'s lines, or the warm server's events of the task.
     let raw = std::fs::read_to_string(env.home.join("logs/1.events.jsonl")).unwrap();
-    assert_eq!(raw.lines().filter(|l| l.contains("\"step_finish\"")).count(), 4);
+    let step_finish = if mode == "serve" { "\"step-finish\"" } else { "\"step_finish\"" };
+    assert_eq!(raw.lines().filter(|l| l.contains(step_finish)).count(), 4, "{raw}");
     // A worker that stops removes what it kept.
     assert!(worker.terminate().success());
     assert!(!wt.exists(), "the worker's spare worktree outlived it");

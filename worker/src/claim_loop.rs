@@ -20,7 +20,7 @@ use crate::git;
 use crate::housekeeping::Spare;
 use crate::logs::TaskLog;
 use crate::notify;
-use crate::opencode_config::{with_bridge, with_plugin};
+use crate::opencode_config::{headless, with_bridge, with_plugin};
 use crate::process::StopReason;
 use queue::{Claim, Home, Outcome, Store, Task, TaskId, TaskResult};
 use std::path::{Path, PathBuf};
@@ -66,7 +66,7 @@ impl Worker {
         let id = format!("{host}:{}:{}", std::process::id(), fastrand::u32(..) % 100_000);
         let notifier = notify::Notifier::new(cfg.notify.clone());
         let server = (cfg.opencode_mode == OpenCodeMode::Serve).then(|| {
-            let mut content = cfg.opencode_config_content.clone();
+            let mut content = Some(headless(cfg.opencode_config_content.as_deref()));
             if let Some(bridge) = &cfg.claude_bridge {
                 content = Some(with_bridge(content.as_deref(), bridge));
             }

@@ -195,22 +195,46 @@ pub fn opencode_events(line: &str) -> Option<Vec<AgentEvent>> {
     if let Some(s) = ev.get("sessionID").and_then(Value::as_str) {
         out.push(AgentEvent::Session(s.to_owned()));
     }
-    let part = ev.get("part").cloned().unwrap_or(Value::Null);
-    match ev.get("type").and_then(Value::as_str).unwrap_or("") {
-        "step_start" => out.push(AgentEvent::StepStarted),
-        "text" => {
-            let text = part.get("text").and_then(Value::as_str).unwrap_or("").to_owned();
-            out.push(AgentEvent::Text(text));
+    let kind = match ev.get("type").and_then(Value::as_str).unwrap_or("") {
+        "step_start" => PartKind::StepStart,
+        "text" => PartKind::Text,
+        "reasoning" => PartKind::Reasoning,
+        "tool_use" => PartKind::Tool,
+        "step_finish" => PartKind::StepFinish,
+        "error" => {
+            out.push(AgentEvent::Error(agent_error(ev.get("error").unwrap_or(&Value::Null))));
+            return Some(out);
         }
-        "reasoning" => {
-            let text = part.get("text").and_then(Value::as_str).unwrap_or("").to_owned();
-            out.push(AgentEvent::Thinking(text));
-        }
-        "tool_use" => {
+        _ => return Some(out),
+    };
+    out.push(part_event(kind, ev.get("part").unwrap_or(&Value::Null)));
+    Some(out)
+}
+
+/// A finished part of an OpenCode message, as both of its modes report one: `opencode run`
+/// prints it as a line of its own type, the server sends it in `message.part.updated`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PartKind {
+    StepStart,
+    Text,
+    Reasoning,
+    /// A tool call that completed or failed.
+    Tool,
+    StepFinish,
+}
+
+/// The event an OpenCode part is.
+pub(crate) fn part_event(kind: PartKind, part: &Value) -> AgentEvent {
+    let text = || part.get("text").and_then(Value::as_str).unwrap_or("").to_owned();
+    match kind {
+        PartKind::StepStart => AgentEvent::StepStarted,
+        PartKind::Text => AgentEvent::Text(text()),
+        PartKind::Reasoning => AgentEvent::Thinking(text()),
+        PartKind::Tool => {
             let error = part.pointer("/state/error").and_then(Value::as_str).map(str::to_owned);
-            out.push(AgentEvent::ToolEnded { call: tool_call(&part), error });
+            AgentEvent::ToolEnded { call: tool_call(part), error }
         }
-        "step_finish" => {
+        PartKind::StepFinish => {
             let t = |p: &str| part.pointer(p).and_then(Value::as_u64).unwrap_or(0);
             let usage = Usage {
                 input_tokens: t("/tokens/input"),
@@ -222,14 +246,9 @@ pub fn opencode_events(line: &str) -> Option<Vec<AgentEvent>> {
                 steps: 1,
             };
             let reason = part.get("reason").and_then(Value::as_str).unwrap_or("?").to_owned();
-            out.push(AgentEvent::Usage { usage, reason: Some(reason) });
+            AgentEvent::Usage { usage, reason: Some(reason) }
         }
-        "error" => {
-            out.push(AgentEvent::Error(agent_error(ev.get("error").unwrap_or(&Value::Null))))
-        }
-        _ => {}
     }
-    Some(out)
 }
 
 impl RunLog {
@@ -250,7 +269,7 @@ impl RunLog {
     }
 }
 
-fn agent_error(err: &Value) -> AgentError {
+pub(crate) fn agent_error(err: &Value) -> AgentError {
     let data = err.get("data").cloned().unwrap_or(Value::Null);
     AgentError {
         name: err.get("name").and_then(Value::as_str).unwrap_or("Error").to_owned(),

@@ -37,6 +37,19 @@ fn config_doc(inherited: Option<&str>) -> serde_json::Value {
         .unwrap_or_else(|| serde_json::json!({}))
 }
 
+/// `OPENCODE_CONFIG_CONTENT` with OpenCode's defaults set for headless work where they do work
+/// TaskBridge already does: per-step snapshots (a shadow git index of the worktree, written
+/// before and after every step so the TUI can undo) are off, since TaskBridge takes files and
+/// diff from git itself and undoes a readonly task's writes with git. What the user's own content
+/// sets is kept.
+pub fn headless(inherited: Option<&str>) -> String {
+    let mut doc = config_doc(inherited);
+    if doc.get("snapshot").is_none() {
+        doc["snapshot"] = false.into();
+    }
+    doc.to_string()
+}
+
 /// `OPENCODE_CONFIG_CONTENT` with the plugin file at `plugin` added to its `plugin` list.
 pub fn with_plugin(inherited: Option<&str>, plugin: &Path) -> String {
     let mut doc = config_doc(inherited);
@@ -84,6 +97,18 @@ pub fn permission_json(task: &Task) -> String {
 mod tests {
     use super::*;
     use serde_json::{Value, json};
+
+    #[test]
+    fn headless_work_takes_no_snapshots_unless_the_user_asks_for_them() {
+        let v: Value = serde_json::from_str(&headless(None)).unwrap();
+        assert_eq!(v["snapshot"], false);
+        let mine = r#"{"snapshot": true, "model": "anthropic/claude"}"#;
+        let v: Value = serde_json::from_str(&headless(Some(mine))).unwrap();
+        assert_eq!(
+            (v["snapshot"].clone(), v["model"].clone()),
+            (json!(true), json!("anthropic/claude"))
+        );
+    }
 
     #[test]
     fn the_bridge_joins_the_users_own_run_config_without_replacing_it() {

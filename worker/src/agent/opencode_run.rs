@@ -1,5 +1,6 @@
-//! `opencode run`, OpenCode's one-shot mode: a process per turn whose JSON lines are the events
-//! the warm server's stream is also turned into (`crate::events::opencode_events`).
+//! `opencode run`, OpenCode's one-shot mode: a process per turn whose JSON lines are read into
+//! agent events (`crate::events::opencode_events`), each finished part as the warm server's
+//! stream reads one.
 
 use super::AgentProtocol;
 use crate::events::{AgentEvent, RunLog};

@@ -147,9 +147,10 @@ impl ServeAgent {
     ) -> std::io::Result<AgentExit> {
         let mut port = self.ensure().await?;
         let dir = turn.dir;
-        // Subscribe before prompting, so no event of the turn is missed.
-        let mut events = self.subscribe(port, dir).await?;
-        let session = self.session_for(port, &mut turn, log).await?;
+        // Subscribe before prompting, so no event of the turn is missed; the session is made (or
+        // found) meanwhile, one round trip to the server instead of two before the prompt.
+        let (mut events, session) =
+            tokio::try_join!(self.subscribe(port, dir), self.session_for(port, &mut turn, log))?;
         log.line(&format!("OpenCode server on port {port}: session {session}"));
         on_progress(Progress::Session(&session));
         let mut follow = Following::new(&session);

@@ -1,12 +1,14 @@
 //! The server's event stream, read for one turn of one session: which events are the turn's
 //! (its session and the sessions its agent started), the decisions the agent blocks on, and what
-//! it did, as the lines `opencode run --format json` prints, so the readable log, the raw event
-//! file and the run's usage come from one parser in both of OpenCode's modes.
+//! it did, as agent events (`crate::events::AgentEvent`, through the same reading of a finished
+//! part as `opencode run`'s lines get), so the readable log and the run's usage read the same in
+//! both of OpenCode's modes. The raw event file keeps the server's own events that said
+//! something.
 
-use crate::events::{RunLog, Usage};
+use crate::events::{AgentEvent, PartKind, RunLog, Usage, agent_error, part_event};
 use crate::logs::TaskLog;
 use queue::{AgentQuestion, Ask, PermissionAsk, QuestionOption};
-use serde_json::{Value, json};
+use serde_json::Value;
 use std::collections::{HashMap, HashSet};
 
 /// One turn's reading of the stream.
@@ -84,16 +86,19 @@ impl Following {
     /// Folds an event of this turn into the log and the run; the run's usage so far when it
     /// finished a step.
     pub(super) fn read(&mut self, ev: &Value, log: &mut TaskLog) -> Option<&Usage> {
-        let mut stepped = false;
-        for line in self.state.lines(&self.session, ev, log) {
-            log.raw(&line);
-            let steps = self.run.usage.steps;
-            if let Some(text) = self.run.ingest(&line) {
+        let events = self.state.events(ev, log);
+        if events.is_empty() {
+            return None;
+        }
+        log.raw(&ev.to_string());
+        self.run.events += 1;
+        let steps = self.run.usage.steps;
+        for e in events {
+            if let Some(text) = self.run.apply(e) {
                 log.line(&text);
             }
-            stepped |= self.run.usage.steps != steps;
         }
-        stepped.then_some(&self.run.usage)
+        (self.run.usage.steps != steps).then_some(&self.run.usage)
     }
 }
 
@@ -166,7 +171,9 @@ struct TurnState {
 }
 
 impl TurnState {
-    fn lines(&mut self, session: &str, ev: &Value, log: &mut TaskLog) -> Vec<String> {
+    /// What `ev` says the agent did: a finished part of its own messages (not the user's, not
+    /// one still being written), or the session's error. Notes the turn's start and end.
+    fn events(&mut self, ev: &Value, log: &mut TaskLog) -> Vec<AgentEvent> {
         let props = &ev["properties"];
         match ev["type"].as_str().unwrap_or("") {
             "message.updated" => {
@@ -184,15 +191,11 @@ impl TurnState {
                 if self.roles.get(message).map(String::as_str) == Some("user") {
                     return vec![];
                 }
-                let line = |kind: &str| {
-                    json!({"type": kind, "sessionID": session, "part": part}).to_string()
-                };
-                match part["type"].as_str().unwrap_or("") {
-                    "step-start" => vec![line("step_start")],
-                    "step-finish" => vec![line("step_finish")],
-                    "text" | "reasoning" if part.pointer("/time/end").is_some() => {
-                        vec![line(part["type"].as_str().unwrap_or("text"))]
-                    }
+                let kind = match part["type"].as_str().unwrap_or("") {
+                    "step-start" => PartKind::StepStart,
+                    "step-finish" => PartKind::StepFinish,
+                    "text" if part.pointer("/time/end").is_some() => PartKind::Text,
+                    "reasoning" if part.pointer("/time/end").is_some() => PartKind::Reasoning,
                     "tool" => match part.pointer("/state/status").and_then(Value::as_str) {
                         Some("running") => {
                             let call = part["callID"].as_str().unwrap_or("").to_owned();
@@ -200,13 +203,14 @@ impl TurnState {
                                 let t = crate::events::tool_call(part);
                                 log.line(&format!("tool {}: {} (running)", t.tool, t.target));
                             }
-                            vec![]
+                            return vec![];
                         }
-                        Some("completed") | Some("error") => vec![line("tool_use")],
-                        _ => vec![],
+                        Some("completed") | Some("error") => PartKind::Tool,
+                        _ => return vec![],
                     },
-                    _ => vec![],
-                }
+                    _ => return vec![],
+                };
+                vec![part_event(kind, part)]
             }
             "session.status" => {
                 match props.pointer("/status/type").and_then(Value::as_str) {
@@ -220,12 +224,7 @@ impl TurnState {
                 self.finished = true;
                 vec![]
             }
-            "session.error" => {
-                vec![
-                    json!({"type": "error", "sessionID": session, "error": props["error"]})
-                        .to_string(),
-                ]
-            }
+            "session.error" => vec![AgentEvent::Error(agent_error(&props["error"]))],
             _ => vec![],
         }
     }
@@ -234,6 +233,7 @@ impl TurnState {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn questions_and_permissions_are_read_from_opencodes_events() {
@@ -286,100 +286,77 @@ mod tests {
     }
 
     #[test]
-    fn a_turn_becomes_run_lines_and_ends_when_the_busy_session_goes_idle() {
+    fn a_turn_becomes_agent_events_and_ends_when_the_busy_session_goes_idle() {
         let logs = tempfile::tempdir().unwrap();
         let mut log = TaskLog::open(logs.path(), 1);
         let mut t = turn();
         let ev = |ty: &str, props: Value| json!({"type": ty, "properties": props});
         let part = |p: Value| ev("message.part.updated", json!({"part": p}));
         // Idle before the turn was busy is the previous turn's end.
-        assert!(t.lines("s", &ev("session.idle", json!({})), &mut log).is_empty());
-        t.lines("s", &ev("session.status", json!({"status": {"type": "idle"}})), &mut log);
+        assert!(t.events(&ev("session.idle", json!({})), &mut log).is_empty());
+        t.events(&ev("session.status", json!({"status": {"type": "idle"}})), &mut log);
         assert!(!t.finished);
-        t.lines(
-            "s",
-            &ev("message.updated", json!({"info": {"id": "u1", "role": "user"}})),
-            &mut log,
-        );
-        t.lines(
-            "s",
+        t.events(&ev("message.updated", json!({"info": {"id": "u1", "role": "user"}})), &mut log);
+        t.events(
             &ev("message.updated", json!({"info": {"id": "a1", "role": "assistant"}})),
             &mut log,
         );
         assert!(
-            t.lines(
-                "s",
+            t.events(
                 &part(json!({"messageID": "u1", "type": "text", "time": {"end": 1}})),
                 &mut log
             )
             .is_empty(),
             "the user's own text is no output"
         );
-        let kinds = |lines: Vec<String>| -> Vec<String> {
-            lines
-                .iter()
-                .map(|l| {
-                    serde_json::from_str::<Value>(l).unwrap()["type"].as_str().unwrap().to_owned()
-                })
-                .collect()
-        };
         assert_eq!(
-            kinds(t.lines("s", &part(json!({"messageID": "a1", "type": "step-start"})), &mut log)),
-            ["step_start"]
+            t.events(&part(json!({"messageID": "a1", "type": "step-start"})), &mut log),
+            [AgentEvent::StepStarted]
         );
         assert!(
-            t.lines("s", &part(json!({"messageID": "a1", "type": "text", "time": {}})), &mut log)
+            t.events(&part(json!({"messageID": "a1", "type": "text", "time": {}})), &mut log)
                 .is_empty(),
             "text still being written"
         );
-        assert_eq!(
-            kinds(t.lines(
-                "s",
-                &part(json!({"messageID": "a1", "type": "text", "time": {"end": 2}})),
-                &mut log
-            )),
-            ["text"]
-        );
-        assert_eq!(
-            kinds(t.lines(
-                "s",
-                &part(json!({"messageID": "a1", "type": "reasoning", "time": {"end": 2}})),
-                &mut log
-            )),
-            ["reasoning"]
-        );
+        let done = |ty: &str| {
+            part(json!({"messageID": "a1", "type": ty, "text": "hm", "time": {"end": 2}}))
+        };
+        assert_eq!(t.events(&done("text"), &mut log), [AgentEvent::Text("hm".into())]);
+        assert_eq!(t.events(&done("reasoning"), &mut log), [AgentEvent::Thinking("hm".into())]);
         let tool = |status: &str| {
             part(
                 json!({"messageID": "a1", "type": "tool", "callID": "c1", "tool": "bash", "state": {"status": status, "input": {"command": "ls"}}}),
             )
         };
-        assert!(t.lines("s", &tool("running"), &mut log).is_empty());
-        assert!(t.lines("s", &tool("running"), &mut log).is_empty());
-        assert!(t.lines("s", &tool("pending"), &mut log).is_empty());
-        assert_eq!(kinds(t.lines("s", &tool("completed"), &mut log)), ["tool_use"]);
-        assert_eq!(kinds(t.lines("s", &tool("error"), &mut log)), ["tool_use"]);
-        assert_eq!(
-            kinds(t.lines("s", &part(json!({"messageID": "a1", "type": "step-finish"})), &mut log)),
-            ["step_finish"]
-        );
-        let err =
-            t.lines("s", &ev("session.error", json!({"error": {"name": "APIError"}})), &mut log);
-        assert_eq!(
-            serde_json::from_str::<Value>(&err[0]).unwrap(),
-            json!({"type": "error", "sessionID": "s", "error": {"name": "APIError"}})
-        );
-        assert!(t.lines("s", &ev("other", json!({})), &mut log).is_empty());
+        assert!(t.events(&tool("running"), &mut log).is_empty());
+        assert!(t.events(&tool("running"), &mut log).is_empty());
+        assert!(t.events(&tool("pending"), &mut log).is_empty());
+        for status in ["completed", "error"] {
+            let got = t.events(&tool(status), &mut log);
+            assert!(
+                matches!(&got[..], [AgentEvent::ToolEnded { call, .. }] if call.tool == "bash" && call.target == "ls"),
+                "{got:?}"
+            );
+        }
+        let finish = part(json!({"messageID": "a1", "type": "step-finish", "reason": "stop"}));
+        assert!(matches!(
+            &t.events(&finish, &mut log)[..],
+            [AgentEvent::Usage { usage, reason: Some(r) }] if usage.steps == 1 && r == "stop"
+        ));
+        let err = t.events(&ev("session.error", json!({"error": {"name": "APIError"}})), &mut log);
+        assert!(matches!(&err[..], [AgentEvent::Error(_)]), "{err:?}");
+        assert!(t.events(&ev("other", json!({})), &mut log).is_empty());
         // The running tool was logged once, by name and target.
         let text =
             std::fs::read_to_string(crate::logs::log_path(logs.path(), 1)).unwrap_or_default();
         assert_eq!(text.matches("(running)").count(), 1, "{text}");
         assert!(!t.finished);
-        t.lines("s", &ev("session.status", json!({"status": {"type": "busy"}})), &mut log);
-        t.lines("s", &ev("session.status", json!({"status": {"type": "idle"}})), &mut log);
+        t.events(&ev("session.status", json!({"status": {"type": "busy"}})), &mut log);
+        t.events(&ev("session.status", json!({"status": {"type": "idle"}})), &mut log);
         assert!(t.finished);
         let mut t2 = turn();
         t2.busy = true;
-        t2.lines("s", &ev("session.idle", json!({})), &mut log);
+        t2.events(&ev("session.idle", json!({})), &mut log);
         assert!(t2.finished, "session.idle ends a busy turn too");
     }
 
