@@ -175,15 +175,13 @@ pub struct ResultReply {
 impl ResultReply {
     pub fn of(task: &Task, max_diff_bytes: usize, overlaps: Vec<worker::Overlap>) -> ResultReply {
         let r = task.result.clone().unwrap_or_default();
-        let mut diff = r.diff.clone();
-        let truncated = diff.len() > max_diff_bytes;
-        if truncated {
-            let mut cut = max_diff_bytes;
-            while cut > 0 && !diff.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            diff.truncate(cut);
-        }
+        let truncated = r.diff.len() > max_diff_bytes;
+        // The last character boundary at or before the limit (0 always is one).
+        let cut = (0..=max_diff_bytes.min(r.diff.len()))
+            .rev()
+            .find(|&i| r.diff.is_char_boundary(i))
+            .unwrap_or(0);
+        let diff = r.diff[..cut].to_owned();
         let note = if task.status == TaskStatus::Running && task.result.is_some() {
             Some("still running: usage is the spend so far; the rest comes when it ends")
         } else if task.result.is_none() && task.status != TaskStatus::Done {
@@ -313,4 +311,84 @@ pub struct PingReply {
     /// `sqlite` or `postgres`.
     pub backend: String,
     pub workers_alive: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use queue::{TaskId, TaskResult};
+
+    fn task(status: TaskStatus, result: Option<TaskResult>) -> Task {
+        let mut t: Task = serde_json::from_value(serde_json::json!({
+            "id": 7, "title": "t", "prompt": "p", "repo": "/r", "base": "abc", "priority": 0,
+            "depends_on": [], "waiting_on": [], "model": null, "agent": null, "readonly": false,
+            "no_network": false, "no_shell": false, "worktree_keep": false, "max_attempts": 2,
+            "timeout_s": 60, "question_timeout_s": null, "request_id": null, "status": "queued",
+            "display_status": "queued", "question": null, "questions": [], "notes": [],
+            "session_id": null, "result": null, "error": null, "attempts": 1, "worker": null,
+            "lease_until": null, "cancel_requested": false, "branch": "taskbridge/task-7",
+            "worktree": null, "created_at": 1.0, "started_at": null, "finished_at": null,
+            "updated_at": 1.0, "not_before": null, "started_from": "def"
+        }))
+        .unwrap();
+        t.status = status;
+        t.display_status = status.as_str().to_owned();
+        t.result = result;
+        t
+    }
+
+    #[test]
+    fn a_diff_is_cut_at_a_character_boundary_and_says_so() {
+        let r = TaskResult { diff: "ééé".into(), ..Default::default() };
+        let t = task(TaskStatus::Done, Some(r));
+        let cut = ResultReply::of(&t, 3, vec![]);
+        assert_eq!((cut.diff.as_str(), cut.diff_truncated, cut.diff_bytes), ("é", true, 6));
+        let whole = ResultReply::of(&t, 6, vec![]);
+        assert_eq!((whole.diff.as_str(), whole.diff_truncated), ("ééé", false));
+        assert_eq!(ResultReply::of(&t, 0, vec![]).diff, "");
+    }
+
+    #[test]
+    fn the_reply_says_how_far_the_task_got_and_falls_back_to_the_tasks_own_fields() {
+        let running = task(TaskStatus::Running, Some(TaskResult::default()));
+        let r = ResultReply::of(&running, 10, vec![]);
+        assert!(r.note.as_deref().unwrap().starts_with("still running"), "{:?}", r.note);
+        assert!(!r.finished);
+        let queued = ResultReply::of(&task(TaskStatus::Queued, None), 10, vec![]);
+        assert!(queued.note.as_deref().unwrap().starts_with("no result yet"));
+        let running_bare = ResultReply::of(&task(TaskStatus::Running, None), 10, vec![]);
+        assert!(running_bare.note.as_deref().unwrap().starts_with("no result yet"));
+        let done = ResultReply::of(&task(TaskStatus::Done, None), 10, vec![]);
+        assert_eq!((done.note, done.finished), (None, true));
+        assert_eq!(done.branch.as_deref(), Some("taskbridge/task-7"));
+        assert_eq!(done.started_from.as_deref(), Some("def"));
+        let failed =
+            ResultReply::of(&task(TaskStatus::Failed, Some(TaskResult::default())), 10, vec![]);
+        assert_eq!(failed.note, None, "a finished task's result is its last");
+        let nothing =
+            TaskResult { summary: "Looked.".into(), no_changes: true, ..Default::default() };
+        let r = ResultReply::of(&task(TaskStatus::Done, Some(nothing)), 10, vec![]);
+        assert_eq!(r.summary, "No changes: the agent changed no file. Looked.");
+        assert_eq!(r.task_id, 7);
+    }
+
+    #[test]
+    fn a_task_reply_leaves_out_the_diff_or_the_whole_result() {
+        let r = TaskResult { summary: "s".into(), diff: "+x".into(), ..Default::default() };
+        let t = task(TaskStatus::Done, Some(r));
+        let got = TaskReply::of(&t, true);
+        assert_eq!(got.task_id, 7);
+        let res = got.task.result.as_ref().unwrap();
+        assert_eq!((res.summary.as_str(), res.diff.as_str()), ("s", ""));
+        let v = serde_json::to_value(&got).unwrap();
+        assert!(v["result"].get("diff").is_none() && v.get("created").is_none(), "{v}");
+        assert_eq!(TaskReply::of(&t, false).task.result, None);
+        let sub = serde_json::to_value(TaskReply::submitted(&t, false, vec!["w".into()])).unwrap();
+        assert_eq!(
+            (sub["created"].clone(), sub["warnings"].clone()),
+            (false.into(), serde_json::json!(["w"]))
+        );
+        assert_eq!(sub["task_id"], 7);
+        assert_eq!(TaskId(7), t.id);
+    }
 }

@@ -205,6 +205,44 @@ mod tests {
     }
 
     #[test]
+    fn usage_adds_up_field_by_field() {
+        let one = Usage {
+            input_tokens: 1,
+            output_tokens: 2,
+            reasoning_tokens: 3,
+            cache_read_tokens: 4,
+            cache_write_tokens: 5,
+            cost_usd: Some(0.5),
+            steps: 6,
+        };
+        let mut u = one;
+        u.add(&Usage {
+            input_tokens: 10,
+            output_tokens: 20,
+            reasoning_tokens: 30,
+            cache_read_tokens: 40,
+            cache_write_tokens: 50,
+            cost_usd: Some(0.25),
+            steps: 60,
+        });
+        assert_eq!(
+            u,
+            Usage {
+                input_tokens: 11,
+                output_tokens: 22,
+                reasoning_tokens: 33,
+                cache_read_tokens: 44,
+                cache_write_tokens: 55,
+                cost_usd: Some(0.75),
+                steps: 66,
+            }
+        );
+        let r = TaskResult { usage: u, ..Default::default() };
+        assert!(r.cost_known());
+        assert_eq!(r.tokens(), 33);
+    }
+
+    #[test]
     fn costs_add_and_an_unknown_one_adds_nothing() {
         let mut u = Usage { cost_usd: Some(0.25), steps: 1, ..Default::default() };
         u.add(&Usage { cost_usd: None, steps: 2, ..Default::default() });

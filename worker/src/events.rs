@@ -331,6 +331,22 @@ mod tests {
     }
 
     #[test]
+    fn each_line_of_opencode_run_is_its_event() {
+        let events = |l: &str| opencode_events(l).unwrap();
+        assert_eq!(
+            events(r#"{"type":"reasoning","sessionID":"s","part":{"text":"hm"}}"#),
+            [AgentEvent::Session("s".into()), AgentEvent::Thinking("hm".into())]
+        );
+        assert_eq!(
+            events(r#"{"type":"text","part":{"text":"ok"}}"#),
+            [AgentEvent::Text("ok".into())]
+        );
+        assert_eq!(events(r#"{"type":"step_start"}"#), [AgentEvent::StepStarted]);
+        assert!(events(r#"{"type":"something_new"}"#).is_empty());
+        assert_eq!(opencode_events("not json"), None);
+    }
+
+    #[test]
     fn an_error_event_keeps_the_agents_message_and_status() {
         let mut log = RunLog::default();
         log.ingest(r#"{"type":"error","sessionID":"s","error":{"name":"APIError","data":{"message":"invalid x-api-key","statusCode":401}}}"#);

@@ -323,6 +323,8 @@ mod tests {
         };
         assert_eq!(t.events(&done("text"), &mut log), [AgentEvent::Text("hm".into())]);
         assert_eq!(t.events(&done("reasoning"), &mut log), [AgentEvent::Thinking("hm".into())]);
+        let unfinished = part(json!({"messageID": "a1", "type": "reasoning", "time": {}}));
+        assert!(t.events(&unfinished, &mut log).is_empty(), "reasoning still being written");
         let tool = |status: &str| {
             part(
                 json!({"messageID": "a1", "type": "tool", "callID": "c1", "tool": "bash", "state": {"status": status, "input": {"command": "ls"}}}),
@@ -424,7 +426,9 @@ mod tests {
         assert!(f.finished(), "an answered request's turn was busy already");
         f.restart();
         assert!(!f.finished(), "a new server's stream starts the turn's reading afresh");
-        assert_eq!(f.into_run().final_text(), "Done.", "what the run read is kept");
+        let run = f.into_run();
+        assert_eq!(run.final_text(), "Done.", "what the run read is kept");
+        assert_eq!(run.events, 4, "each event that said something is counted");
     }
 
     #[test]
