@@ -176,6 +176,7 @@ async fn wait_for_wakes_on_change_and_answer_task_requeues() {
     // holds a subscription to the queue's changes from before its first read of the task.
     let store = w.store.clone();
     let claim = store.claim_next("w", "h", Duration::from_secs(30)).unwrap().unwrap();
+    assert_eq!(w.server.waiting_calls(), 0, "no wait_for is waiting yet");
     let server = w.server.clone();
     let asker = tokio::spawn(async move {
         while server.waiting_calls() == 0 {
@@ -332,4 +333,27 @@ async fn restart_worker_requeues_only_a_dead_local_workers_tasks() {
     let a = s.get(ids[0]).unwrap();
     assert_eq!(a.status, queue::TaskStatus::Queued, "{:?} {:?}", a.worker, a.display_status);
     assert_eq!(s.get(ids[1]).unwrap().status, queue::TaskStatus::Running);
+}
+
+#[tokio::test]
+async fn a_server_with_repository_roots_runs_and_shows_only_tasks_under_them() {
+    let w = world().await;
+    let outside = w._dir.path().join("outside");
+    std::fs::create_dir(&outside).unwrap();
+    common::git(&outside, &["init", "-q", "-b", "main"]);
+    common::git(&outside, &["commit", "-q", "--allow-empty", "-m", "init"]);
+    let theirs =
+        w.call("submit_task", json!({"prompt": "x", "repo": outside})).await["task_id"].clone();
+    w.server.restrict_repos(vec![w.repo.clone()]);
+    let err = w.refused("submit_task", json!({"prompt": "y", "repo": outside})).await;
+    assert!(err.contains("outside the roots"), "{err}");
+    let err = w.refused("get_task", json!({"task_id": theirs})).await;
+    assert!(err.contains(&format!("task #{theirs} does not exist")), "{err}");
+    let mine = w.call("submit_task", json!({"prompt": "z", "repo": w.repo})).await;
+    assert_eq!(mine["status"], "queued");
+    assert_eq!(
+        w.call("wait_for", json!({"task_ids": [mine["task_id"]], "timeout_s": 0})).await["pending"],
+        json!([mine["task_id"]])
+    );
+    assert_eq!(w.server.waiting_calls(), 0, "a wait that ended holds no subscription");
 }
