@@ -54,12 +54,6 @@ impl TaskResult {
     pub fn cost_known(&self) -> bool {
         self.usage.cost_usd.is_some()
     }
-
-    /// Input and output tokens, the figure a token budget counts.
-    pub fn tokens(&self) -> i64 {
-        i64::try_from(self.usage.input_tokens.saturating_add(self.usage.output_tokens))
-            .unwrap_or(i64::MAX)
-    }
 }
 
 /// Token usage and cost summed over every step of a run (or of several runs).
@@ -94,6 +88,11 @@ impl Usage {
     /// The cost as a budget counts it: an unknown cost counts nothing.
     pub fn cost(&self) -> f64 {
         self.cost_usd.unwrap_or(0.0)
+    }
+
+    /// Input and output tokens, the figure a token budget counts (and the `tokens` column).
+    pub fn tokens(&self) -> i64 {
+        i64::try_from(self.input_tokens.saturating_add(self.output_tokens)).unwrap_or(i64::MAX)
     }
 }
 
@@ -201,7 +200,7 @@ mod tests {
         assert!(v["usage"]["cost_usd"].is_null());
         let back: TaskResult = serde_json::from_value(v).unwrap();
         assert!(!back.cost_known());
-        assert_eq!(back.tokens(), 7);
+        assert_eq!(back.usage.tokens(), 7);
     }
 
     #[test]
@@ -239,7 +238,7 @@ mod tests {
         );
         let r = TaskResult { usage: u, ..Default::default() };
         assert!(r.cost_known());
-        assert_eq!(r.tokens(), 33);
+        assert_eq!(r.usage.tokens(), 33);
     }
 
     #[test]
@@ -259,6 +258,6 @@ mod tests {
         let r: TaskResult =
             serde_json::from_str(r#"{"summary":"ok","usage":{"input_tokens":5,"cost_usd":0.5}}"#)
                 .unwrap();
-        assert_eq!((r.summary.as_str(), r.usage.cost_usd, r.tokens()), ("ok", Some(0.5), 5));
+        assert_eq!((r.summary.as_str(), r.usage.cost_usd, r.usage.tokens()), ("ok", Some(0.5), 5));
     }
 }

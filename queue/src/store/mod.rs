@@ -273,7 +273,7 @@ fn write_result(tx: &mut dyn Tx, id: TaskId, result: Option<&TaskResult>) -> Res
         serde_json::to_string(r).map_err(|source| Error::Json { column: "result", source })?;
     tx.exec(
         "UPDATE tasks SET result = ?1, cost_usd = ?2, tokens = ?3 WHERE id = ?4",
-        args![text, r.usage.cost_usd, r.tokens(), id.0],
+        args![text, r.usage.cost_usd, r.usage.tokens(), id.0],
     )?;
     Ok(())
 }

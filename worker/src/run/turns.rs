@@ -409,7 +409,7 @@ fn progress(
         };
         let mut usage = prev.clone();
         usage.add(step);
-        let (cost, tokens) = (usage.cost(), (usage.input_tokens + usage.output_tokens) as i64);
+        let (cost, tokens) = (usage.cost(), usage.tokens());
         let partial = TaskResult { usage, session_id: session.clone(), ..Default::default() };
         let facts = RunFacts { result: Some(partial), ..Default::default() };
         if let Err(e) = store.record_run(id, token, facts) {
