@@ -44,6 +44,8 @@ fn main() {
         .env("TASKBRIDGE_OPENCODE", &agent)
         .env("TASKBRIDGE_OPENCODE_MODE", "run")
         .env("TASKBRIDGE_LOG", "warn")
+        // The stand-in records where the wall lets it.
+        .env("TASKBRIDGE_SANDBOX_WRITABLE", dir.path())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -55,24 +57,36 @@ fn main() {
     let _ = worker.wait();
     report("cross_process", lat);
 
-    // The same with the worker in this process, sharing the store handle.
+    // The same with the worker in this process, sharing the store handle; then again without
+    // the sandbox, side by side: the difference is what the wall costs a task (building the
+    // Landlock ruleset, its TMPDIR, raising it in the agent's process).
     let store = std::sync::Arc::new(store);
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
-    // A stand-in agent is a process per prompt: `run` mode.
-    let cfg = worker::WorkerConfig {
-        concurrency: 1,
-        opencode: agent.clone(),
-        opencode_mode: worker::OpenCodeMode::Run,
-        ..Default::default()
-    };
-    let w = worker::Worker::new(store.clone(), home.clone(), cfg);
-    let stop = tokio_util::sync::CancellationToken::new();
-    let handle = rt.spawn(w.run(stop.clone()));
-    std::thread::sleep(Duration::from_millis(500));
-    let lat = measure(&store, &repo, &agent_log, n);
-    stop.cancel();
-    let _ = rt.block_on(handle);
-    report("in_process", lat);
+    for (name, mode) in [
+        ("in_process", worker::sandbox::Mode::Enforce),
+        ("in_process_unwalled", worker::sandbox::Mode::Off),
+    ] {
+        // A stand-in agent is a process per prompt: `run` mode.
+        let cfg = worker::WorkerConfig {
+            concurrency: 1,
+            opencode: agent.clone(),
+            opencode_mode: worker::OpenCodeMode::Run,
+            sandbox: worker::SandboxConfig {
+                mode,
+                writable: vec![dir.path().to_path_buf()],
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let w = worker::Worker::new(store.clone(), home.clone(), cfg);
+        let stop = tokio_util::sync::CancellationToken::new();
+        let handle = rt.spawn(w.run(stop.clone()));
+        std::thread::sleep(Duration::from_millis(500));
+        let lat = measure(&store, &repo, &agent_log, n);
+        stop.cancel();
+        let _ = rt.block_on(handle);
+        report(name, lat);
+    }
 
     recovery(dir.path(), if full { 20 } else { 3 }, false);
     recovery(dir.path(), if full { 20 } else { 3 }, true);
@@ -106,6 +120,7 @@ exec sleep 600
             .env("TASKBRIDGE_OPENCODE", &agent)
             .env("TASKBRIDGE_OPENCODE_MODE", "run")
             .env("TASKBRIDGE_LOG", "warn")
+            .env("TASKBRIDGE_SANDBOX_WRITABLE", dir)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

@@ -15,6 +15,16 @@ use worker::WorkerConfig;
 pub struct FileConfig {
     pub worker: WorkerSection,
     pub notify: NotifySection,
+    pub sandbox: SandboxSection,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SandboxSection {
+    /// `enforce`, `warn` or `off`.
+    pub mode: Option<String>,
+    pub writable: Vec<PathBuf>,
+    pub model_hosts: Vec<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -129,6 +139,23 @@ impl Config {
         w.fault_worktree_pause = env("TASKBRIDGE_FAULT_WORKTREE_PAUSE_MS")
             .and_then(|v| v.parse().ok())
             .map(Duration::from_millis);
+        let mode = env("TASKBRIDGE_SANDBOX").or(file.sandbox.mode);
+        w.sandbox = worker::SandboxConfig {
+            mode: match mode {
+                Some(m) => m.parse().map_err(|e: String| {
+                    anyhow::anyhow!("{e} (TASKBRIDGE_SANDBOX or [sandbox] mode)")
+                })?,
+                None => Default::default(),
+            },
+            // The file's directories, then TASKBRIDGE_SANDBOX_WRITABLE's (a PATH-like list).
+            writable: file
+                .sandbox
+                .writable
+                .into_iter()
+                .chain(environment.paths("TASKBRIDGE_SANDBOX_WRITABLE"))
+                .collect(),
+            model_hosts: file.sandbox.model_hosts,
+        };
         w.notify = NotifyConfig {
             desktop: file.notify.desktop,
             webhook: file.notify.webhook,

@@ -51,6 +51,44 @@ fn output(program: &Path, args: &[&str], limit: Duration) -> Result<String, Stri
     }
 }
 
+/// The `sandbox` line: what the kernel holds for every agent, and what a mode that cannot
+/// hold means for tasks.
+fn sandbox(ctx: &Ctx) -> Check {
+    use worker::sandbox::{Kernel, Mode};
+    let mode = ctx.config.worker.sandbox.mode;
+    let kernel = Kernel::probe();
+    // Namespaces would be a second way to take the network away; the TCP rules are the one
+    // used, and the line says so rather than leave a reader wondering.
+    let namespaces = std::fs::read_to_string("/proc/sys/user/max_user_namespaces")
+        .is_ok_and(|n| n.trim().parse::<u64>().is_ok_and(|n| n > 0));
+    let line = format!(
+        "sandbox ({}): {}; user and network namespaces {} (not used: Landlock's TCP rules hold \
+         --no-network)",
+        mode.as_str(),
+        kernel.describe(),
+        if namespaces { "available" } else { "not available" }
+    );
+    match (mode, kernel.walls(), kernel.tcp_rules()) {
+        (Mode::Off, ..) => warn(
+            "sandbox: off; agents keep to the worktree only as far as they honour their rules",
+            "set [sandbox] mode = \"enforce\" in the config file (the default)",
+        ),
+        (_, true, true) => ok(line),
+        (Mode::Enforce, true, false) => warn(
+            line,
+            "tasks asking for no_network are refused here: TCP rules need Linux 6.7 (Landlock ABI 4)",
+        ),
+        (Mode::Enforce, false, _) => warn(
+            line,
+            "tasks asking for readonly or no_network are refused here; other tasks run without a \
+             wall. Use Linux 5.13+ with Landlock in CONFIG_LSM",
+        ),
+        (_, _, _) => {
+            warn(line, "tasks run with the agent's own rules where the kernel cannot hold them")
+        }
+    }
+}
+
 fn opencode(ctx: &Ctx) -> Check {
     let program = &ctx.config.worker.opencode;
     let install = format!(
@@ -360,6 +398,7 @@ pub fn run(ctx: &Ctx, with_probe: bool) -> anyhow::Result<std::process::ExitCode
         }
     }
     checks.push(home(ctx));
+    checks.push(sandbox(ctx));
     checks.extend(registrations(ctx));
     checks.push(workers(ctx));
     if let Some(p) = &ctx.config.path

@@ -16,7 +16,7 @@ pub fn bridge_command(ctx: &Ctx) -> anyhow::Result<Vec<String>> {
         vec![exe.display().to_string(), "--home".into(), ctx.home.root().display().to_string()];
     match ctx.store.location() {
         queue::Location::Postgres(_) => {
-            let file = ctx.home.root().join(format!("db-{}.url", ctx.store.location().key()));
+            let file = ctx.home.db_url_file(ctx.store.location());
             queue::home::create_private_file(&file)?;
             std::fs::write(&file, format!("{}\n", ctx.db_arg))
                 .with_context(|| format!("writing {}", file.display()))?;

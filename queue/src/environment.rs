@@ -49,6 +49,13 @@ impl Environment {
         self.var_os(key).map(PathBuf::from)
     }
 
+    /// The variable `key` as a list of paths, `:`-separated as `PATH` is; none when unset.
+    pub fn paths(&self, key: &str) -> Vec<PathBuf> {
+        self.var_os(key)
+            .map(|v| std::env::split_paths(v).filter(|p| !p.as_os_str().is_empty()).collect())
+            .unwrap_or_default()
+    }
+
     /// Whether `key` is set at all, empty or not.
     pub fn is_set(&self, key: &str) -> bool {
         self.vars.contains_key(OsStr::new(key))

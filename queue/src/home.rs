@@ -63,6 +63,23 @@ impl Home {
     pub fn worktrees_dir(&self) -> PathBuf {
         self.root.join("worktrees")
     }
+    /// The 0600 file that gives a process this worker starts (the reverse bridge) the queue's
+    /// URL, so that the password is in no command line.
+    pub fn db_url_file(&self, location: &crate::Location) -> PathBuf {
+        self.root.join(format!("db-{}.url", location.key()))
+    }
+}
+
+/// The directory a repository's worktrees share inside a queue's worktrees directory: its name
+/// and a hash of its path, `demo-1a2b3c4d`. One directory per repository is what lets one wall
+/// hold the warm server of that repository's tasks (see `worker/src/run/wall.rs`).
+pub fn repo_dir_name(repo: &Path) -> String {
+    let name = repo.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name: String = name
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || "-_.".contains(c) { c } else { '_' })
+        .collect();
+    format!("{name}-{}", crate::location::short_hash(&repo.display().to_string()))
 }
 
 /// Creates a directory (and its parents) with mode 0700; an existing one is tightened to 0700.
@@ -99,6 +116,15 @@ pub fn create_private_file(path: &Path) -> Result<()> {
 mod tests {
     use super::*;
     use crate::Environment;
+
+    #[test]
+    fn a_repositorys_directory_is_its_name_and_a_hash_of_its_path() {
+        let a = repo_dir_name(Path::new("/src/demo"));
+        assert!(a.starts_with("demo-") && a.len() == "demo-".len() + 8, "{a}");
+        assert_ne!(a, repo_dir_name(Path::new("/other/demo")), "two repositories named alike");
+        assert_eq!(a, repo_dir_name(Path::new("/src/demo")), "stable");
+        assert!(repo_dir_name(Path::new("/src/my repo@x")).starts_with("my_repo_x-"));
+    }
 
     #[test]
     fn the_home_is_the_flag_else_taskbridge_home_else_xdg_data_home_else_under_home() {

@@ -35,7 +35,7 @@ pub mod watch;
 pub use copy::copy_queue;
 pub use environment::Environment;
 pub use error::{Error, Result};
-pub use home::Home;
+pub use home::{Home, create_private_dir};
 pub use jobs::{Job, JobId, JobOutcome, JobOwner, JobStatus};
 pub use location::Location;
 pub use model::*;

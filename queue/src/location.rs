@@ -117,11 +117,7 @@ impl Location {
             }
             Location::Postgres(u) => format!("{}#{}", u.redacted, u.schema),
         };
-        // FNV-1a: stable across builds and platforms, unlike the standard library's hasher.
-        let hash = id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-        });
-        format!("{:08x}", hash as u32)
+        short_hash(&id)
     }
 
     pub fn backend(&self) -> &'static str {
@@ -294,6 +290,15 @@ fn looks_like_libpq_keywords(s: &str) -> bool {
         word.split_once('=')
             .is_some_and(|(k, _)| KEYWORDS.contains(&k.trim().to_ascii_lowercase().as_str()))
     })
+}
+
+/// Eight hex digits naming `id` in a file name: FNV-1a, stable across builds and platforms,
+/// unlike the standard library's hasher.
+pub fn short_hash(id: &str) -> String {
+    let hash = id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    format!("{:08x}", hash as u32)
 }
 
 #[cfg(test)]

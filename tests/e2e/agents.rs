@@ -227,7 +227,7 @@ fn cancelling_a_claude_code_task_leaves_no_process_behind() {
 }
 
 #[test]
-fn a_readonly_claude_code_task_is_offered_no_edit_tools_and_what_the_shell_changed_is_reverted() {
+fn a_readonly_claude_code_task_is_offered_no_edit_tools_and_its_shell_cannot_write() {
     let mock = MockAnthropic::spawn(vec![
         claude_bash("echo sneaky > notes.txt"),
         Turn::text(result_block("Reviewed the README.", &[])),
@@ -237,8 +237,18 @@ fn a_readonly_claude_code_task_is_offered_no_edit_tools_and_what_the_shell_chang
     let _worker = env.start_worker(1);
     let t = finished(&env, id);
     assert_eq!(t["status"], "done", "{t:#}\n{}", env.log(id));
-    assert_eq!(t["result"]["reverted_files"], json!(["notes.txt"]));
+    // The kernel refused the shell's write (the sandbox's read-only worktree): nothing to revert.
+    assert_eq!(t["result"]["reverted_files"], json!([]));
     assert_eq!(t["result"]["files_touched"], json!([]));
+    let told = serde_json::to_string(&mock.requests()[1]["messages"]).unwrap();
+    assert!(told.contains("Permission denied"), "{told}");
+    let readonly = t["result"]["permissions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["flag"] == "readonly")
+        .cloned();
+    assert_eq!(readonly.unwrap()["enforcement"], "kernel");
     let tools: Vec<String> = mock.requests()[0]["tools"]
         .as_array()
         .unwrap()
@@ -364,7 +374,7 @@ fn cancelling_a_codex_task_leaves_no_process_behind() {
 }
 
 #[test]
-fn a_readonly_codex_task_runs_in_its_read_only_sandbox() {
+fn a_readonly_codex_task_is_held_by_the_kernel_with_codexs_own_sandbox_off() {
     let mock = MockOpenAi::spawn(vec![
         Reply::Exec("echo sneaky > notes.txt".into()),
         Reply::Text(result_block("Reviewed the README.", &[])),
@@ -375,8 +385,9 @@ fn a_readonly_codex_task_runs_in_its_read_only_sandbox() {
     let t = finished(&env, id);
     assert_eq!(t["status"], "done", "{t:#}\n{}", env.log(id));
     assert_eq!(t["result"]["files_touched"], json!([]));
-    assert!(env.log(id).contains("sandbox_mode=\"read-only\""), "{}", env.log(id));
-    // The sandbox refused the write: the command failed and nothing had to be reverted.
+    // TaskBridge's wall holds the rule; Codex's bubblewrap cannot run inside it.
+    assert!(env.log(id).contains("sandbox_mode=\"danger-full-access\""), "{}", env.log(id));
+    // The kernel refused the write: the command failed and nothing had to be reverted.
     assert_eq!(t["result"]["reverted_files"], json!([]), "{}", env.log(id));
     let outputs: Vec<String> = mock.requests()[1]["input"]
         .as_array()
@@ -385,14 +396,14 @@ fn a_readonly_codex_task_runs_in_its_read_only_sandbox() {
         .filter(|i| i["type"] == "function_call_output")
         .map(|i| i["output"].to_string())
         .collect();
-    assert!(outputs.iter().any(|o| o.contains("Read-only file system")), "{outputs:?}");
+    assert!(outputs.iter().any(|o| o.contains("Permission denied")), "{outputs:?}");
     let readonly = t["result"]["permissions"]
         .as_array()
         .unwrap()
         .iter()
         .find(|p| p["flag"] == "readonly")
         .unwrap();
-    assert_eq!(readonly["enforcement"], "enforced");
+    assert_eq!(readonly["enforcement"], "kernel");
 }
 
 #[test]

@@ -13,9 +13,9 @@ const RUN: Duration = Duration::from_secs(120);
 
 use crate::support::{result_turn as result_block, touched_paths as files};
 
-/// Every directory under the home's `worktrees/`, spares included.
+/// Every worktree of the world's repository, spares included.
 fn worktree_dirs(env: &Env) -> Vec<PathBuf> {
-    let Ok(rd) = std::fs::read_dir(env.home.join("worktrees")) else { return Vec::new() };
+    let Ok(rd) = std::fs::read_dir(env.worktree(0).parent().unwrap()) else { return Vec::new() };
     rd.filter_map(|e| Some(e.ok()?.path())).filter(|p| p.is_dir()).collect()
 }
 
@@ -164,7 +164,14 @@ fn a_live_peer_kills_a_sigkilled_workers_agent_before_its_task_runs_again() {
     let t = env.show(id);
     let owner = t["worker"].as_str().unwrap().to_owned();
     let pid: u32 = owner.split(':').nth(1).unwrap().parse().unwrap();
-    let server_file = env.home.join("servers").join(format!("{}.json", owner.replace(':', "_")));
+    // `<worker>@<wall>.json`: the server of the task's repository.
+    let named = format!("{}@", owner.replace(':', "_"));
+    let server_file = std::fs::read_dir(env.home.join("servers"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.file_name().unwrap().to_string_lossy().starts_with(&named))
+        .unwrap();
     let server: Value =
         serde_json::from_str(&std::fs::read_to_string(&server_file).unwrap()).unwrap();
     let server = server["pid"].as_i64().unwrap() as i32;

@@ -22,6 +22,7 @@ mod mcp_python;
 mod paths;
 mod plans;
 mod public;
+mod sandbox;
 mod serve_native;
 mod trust;
 mod tui_tmux;

@@ -242,8 +242,10 @@ fn a_model_opencode_does_not_offer_is_refused_at_submit_with_the_near_names() {
 }
 
 #[test]
-fn readonly_denies_edits_and_reverts_what_the_shell_changed() {
-    let env = Env::new();
+fn with_the_sandbox_off_readonly_denies_edits_and_reverts_what_the_shell_changed() {
+    // What holds where the kernel cannot (`tests/e2e/sandbox.rs` has the wall's side).
+    let mut env = Env::new();
+    env.extra_env.push(("TASKBRIDGE_SANDBOX".into(), "off".into()));
     let wt = env.worktree(1);
     let mock = MockAnthropic::spawn(vec![
         Turn::tool("write", json!({"filePath": wt.join("blocked.txt"), "content": "no\n"})),
@@ -266,6 +268,12 @@ fn readonly_denies_edits_and_reverts_what_the_shell_changed() {
     assert_eq!(
         (readonly["enabled"].as_bool(), readonly["enforcement"].as_str()),
         (Some(true), Some("enforced"))
+    );
+    let sandbox =
+        r["permissions"].as_array().unwrap().iter().find(|p| p["flag"] == "sandbox").unwrap();
+    assert_eq!(
+        (sandbox["enabled"].as_bool(), sandbox["enforcement"].as_str()),
+        (Some(false), Some("none"))
     );
     // OpenCode refused the write tool itself: no write call completed.
     let raw = std::fs::read_to_string(env.home.join("logs/1.events.jsonl")).unwrap();

@@ -115,7 +115,8 @@ fn workers_killed_while_making_worktrees_leave_every_task_done() {
     let retried = ids.iter().filter(|&&id| env.show(id)["attempts"].as_i64() > Some(1)).count();
     assert!(retried >= 1, "a killed worker's tasks ran again");
     // Nothing was left half-made: every task's worktree was removed once its work was committed.
-    let left: Vec<_> = std::fs::read_dir(env.home.join("worktrees"))
+    let repo_dir = env.worktree(ids[0]).parent().unwrap().to_path_buf();
+    let left: Vec<_> = std::fs::read_dir(repo_dir)
         .unwrap()
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())

@@ -144,12 +144,18 @@ pub struct Env {
     pub db: Option<String>,
     /// This world made the schema and drops it.
     owns_db: bool,
+    /// Whether the agents' wall lets them write in `dir` (where the stand-in agents of most
+    /// tests record their calls): every world but the sandbox's own tests. The home is in a
+    /// directory of its own either way, so it stays outside the wall.
+    pub scratch_writable: bool,
+    _home_dir: tempfile::TempDir,
 }
 
 impl Env {
     pub fn new() -> Env {
         let dir = tempfile::tempdir().unwrap();
-        let home = dir.path().join("tbhome");
+        let home_dir = tempfile::tempdir().unwrap();
+        let home = home_dir.path().join("tbhome");
         let repo = dir.path().join("repo");
         let oc_home = dir.path().join("ochome");
         std::fs::create_dir_all(&repo).unwrap();
@@ -171,6 +177,8 @@ impl Env {
             opencode_config: None,
             db: None,
             owns_db: false,
+            scratch_writable: true,
+            _home_dir: home_dir,
         }
     }
 
@@ -290,6 +298,9 @@ impl Env {
         for k in &self.unset_env {
             c.env_remove(k);
         }
+        if self.scratch_writable {
+            c.env("TASKBRIDGE_SANDBOX_WRITABLE", self.dir.path());
+        }
         match &self.db {
             Some(db) => c.env("TASKBRIDGE_DB", db),
             None => c.env_remove("TASKBRIDGE_DB"),
@@ -386,17 +397,19 @@ impl Env {
         self.wait_task(id, timeout, |t| t["status"] == status)
     }
 
-    /// Task `id`'s worktree (before it runs, where it will be): `worktrees/task-<id>` on the
-    /// home's own queue, `worktrees/q-<queue key>/task-<id>` on any other.
+    /// Task `id`'s worktree (before it runs, where it will be), for a task of this world's
+    /// repository: `worktrees/<repository>/task-<id>` on the home's own queue,
+    /// `worktrees/q-<queue key>/<repository>/task-<id>` on any other.
     pub fn worktree(&self, id: i64) -> PathBuf {
         let worktrees = self.home.join("worktrees");
         let own_db = self.home.join("taskbridge.db");
+        let repo = queue::home::repo_dir_name(&self.repo);
         match &self.db {
             Some(db) if Path::new(db) != own_db => {
                 let key = queue::Location::parse(db).unwrap().key();
-                worktrees.join(format!("q-{key}/task-{id}"))
+                worktrees.join(format!("q-{key}/{repo}/task-{id}"))
             }
-            _ => worktrees.join(format!("task-{id}")),
+            _ => worktrees.join(format!("{repo}/task-{id}")),
         }
     }
 

@@ -46,8 +46,8 @@ pub struct Worker {
     pub(crate) wake: Arc<Notify>,
     pub(crate) running: AtomicUsize,
     pub(crate) notifier: notify::Notifier,
-    /// The warm OpenCode server, in `serve` mode.
-    pub(crate) server: Option<crate::agent::opencode_serve::ServeAgent>,
+    /// The warm OpenCode servers, in `serve` mode.
+    pub(crate) servers: Option<crate::agent::opencode_serve::Servers>,
     /// Done tasks' worktrees kept for the next task of their repository (`serve` mode): the
     /// server has set itself up for those directories, which takes it over a second for a new
     /// one, most of a one-turn task.
@@ -55,6 +55,8 @@ pub struct Worker {
     /// Held while a mirror is fetched: two fetches into one repository would fight over its
     /// ref locks.
     pub(crate) mirrors: Arc<std::sync::Mutex<()>>,
+    /// The way to the model provider out of a wall without network, started on first use.
+    pub(crate) proxy: tokio::sync::OnceCell<crate::sandbox::proxy::Proxy>,
 }
 
 impl Worker {
@@ -65,7 +67,7 @@ impl Worker {
         let host = hostname(&cfg.env);
         let id = format!("{host}:{}:{}", std::process::id(), fastrand::u32(..) % 100_000);
         let notifier = notify::Notifier::new(cfg.notify.clone());
-        let server = (cfg.opencode_mode == OpenCodeMode::Serve).then(|| {
+        let servers = (cfg.opencode_mode == OpenCodeMode::Serve).then(|| {
             let mut content = Some(headless(cfg.opencode_config_content.as_deref()));
             if let Some(bridge) = &cfg.claude_bridge {
                 content = Some(with_bridge(content.as_deref(), bridge));
@@ -78,7 +80,7 @@ impl Worker {
             let mut env: Vec<(String, String)> =
                 content.map(|c| ("OPENCODE_CONFIG_CONTENT".to_owned(), c)).into_iter().collect();
             env.extend(crate::agent::opencode_serve::npm_retries(&cfg.env));
-            crate::agent::opencode_serve::ServeAgent::new(cfg.opencode.clone(), env, &home, &id)
+            crate::agent::opencode_serve::Servers::new(cfg.opencode.clone(), env, &home, &id)
         });
         Arc::new(Worker {
             store,
@@ -89,17 +91,18 @@ impl Worker {
             wake,
             running: AtomicUsize::new(0),
             notifier,
-            server,
+            servers,
             spares: Default::default(),
             mirrors: Default::default(),
+            proxy: Default::default(),
         })
     }
 
     /// Stops this worker's OpenCode server now (its shutdown does too; again is harmless): for
     /// a process that cannot wait for the worker to finish stopping.
     pub async fn stop_server(&self) {
-        if let Some(server) = &self.server {
-            server.shutdown().await;
+        if let Some(servers) = &self.servers {
+            servers.shutdown().await;
         }
     }
 
@@ -215,8 +218,8 @@ impl Worker {
         housekeeping.abort();
         let id = self.id.clone();
         let _ = self.blocking(move |s| s.worker_stopped(&id)).await;
-        if let Some(server) = &self.server {
-            server.shutdown().await;
+        if let Some(servers) = &self.servers {
+            servers.shutdown().await;
         }
         self.drop_spares(true).await;
         let _ =

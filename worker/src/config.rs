@@ -72,6 +72,19 @@ pub struct WorkerConfig {
     pub use_remote: bool,
     /// The environment the binary started in: the host's name, PATH, the agents' own settings.
     pub env: queue::Environment,
+    /// The wall around every agent (`[sandbox]`).
+    pub sandbox: SandboxConfig,
+}
+
+/// The wall around every agent (`[sandbox]` in the config file; see `crate::sandbox`).
+#[derive(Debug, Clone, Default)]
+pub struct SandboxConfig {
+    pub mode: crate::sandbox::Mode,
+    /// More directories every agent may write (a build cache the tasks share, say).
+    pub writable: Vec<PathBuf>,
+    /// Model provider endpoints (URLs or `host:port`) a task without network may reach, besides
+    /// the ones found in the agents' own settings.
+    pub model_hosts: Vec<String>,
 }
 
 impl WorkerConfig {
@@ -105,6 +118,7 @@ impl Default for WorkerConfig {
             fault_worktree_pause: None,
             use_remote: false,
             env: queue::Environment::default(),
+            sandbox: SandboxConfig::default(),
         }
     }
 }

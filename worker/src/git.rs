@@ -451,6 +451,19 @@ pub fn is_worktree(dir: &Path) -> bool {
     dir.join(".git").exists()
 }
 
+/// The repository's common git directory (`.git` of the main worktree), where every
+/// worktree's administration and the shared objects live.
+pub fn common_dir(repo: &Path) -> Result<PathBuf> {
+    Ok(Repository::open(repo)?.commondir().to_path_buf())
+}
+
+/// What git inside the worktree `dir` writes besides the checkout: its admin directory
+/// (`<common>/worktrees/<name>`: index, HEAD) and the repository's object store (`git add`).
+pub fn worktree_git_dirs(dir: &Path) -> Result<(PathBuf, PathBuf)> {
+    let repo = Repository::open(dir)?;
+    Ok((repo.path().to_path_buf(), repo.commondir().join("objects")))
+}
+
 /// Creates (or reuses, on a retry or resume) the task's worktree at `dir` on branch
 /// `taskbridge/task-<id>`, starting from `base`, and first repairs what a crash can leave: a
 /// registration whose directory is missing or has no `.git`, a directory without a

@@ -91,8 +91,8 @@ impl Worker {
     /// Agents parked on a decision whose task stopped waiting (cancelled, timed out) are
     /// aborted, so nothing runs on for a task nobody will resume.
     async fn sweep_parked(&self) {
-        let Some(server) = &self.server else { return };
-        let ids = server.parked_tasks();
+        let Some(servers) = &self.servers else { return };
+        let ids = servers.parked_tasks();
         if ids.is_empty() {
             return;
         }
@@ -121,7 +121,7 @@ impl Worker {
             })
             .await
             .unwrap_or_default();
-        server.sweep_parked(|id| live.contains(&id)).await;
+        servers.sweep_parked(|id| live.contains(&id)).await;
     }
 
     /// Whether a worker registered on this host as running has no process any more.
@@ -185,6 +185,12 @@ impl Worker {
             }
             _ => self.home.worktrees_dir().join(format!("q-{}", location.key())),
         }
+    }
+
+    /// Where this queue's new worktrees of `repo` go: a directory of the repository's own inside
+    /// [`Worker::queue_worktrees`], so that one wall can hold all of them (a warm server's).
+    pub(crate) fn repo_worktrees(&self, repo: &str) -> PathBuf {
+        self.queue_worktrees().join(queue::home::repo_dir_name(Path::new(repo)))
     }
 
     /// Takes this worker's spare worktree at `dir`, if it keeps one there.

@@ -52,13 +52,14 @@ pub mod process;
 mod remote;
 mod result;
 mod run;
+pub mod sandbox;
 pub mod service;
 mod submit;
 mod verify;
 
 pub use claim_loop::{RunningWorker, Worker};
 pub use clear::clear_finished;
-pub use config::{OpenCodeMode, RepoConfig, WorkerConfig, hostname};
+pub use config::{OpenCodeMode, RepoConfig, SandboxConfig, WorkerConfig, hostname};
 pub use error::{Error, Result};
 pub use events::RunLog;
 pub use merge::{MergeReport, Overlap, merge_task, overlaps};

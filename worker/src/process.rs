@@ -41,6 +41,8 @@ pub struct AgentCommand {
     pub env: Vec<(String, String)>,
     pub cwd: PathBuf,
     pub stdin: String,
+    /// The sandbox the process raises before it runs (`crate::sandbox`).
+    pub wall: Option<std::sync::Arc<crate::sandbox::Wall>>,
 }
 
 pub struct AgentExit {
@@ -301,11 +303,15 @@ pub async fn run_agent(
     })
 }
 
-/// The agent's process, in a process group of its own, without TaskBridge's secrets.
+/// The agent's process, in a process group of its own, without TaskBridge's secrets, inside
+/// its wall when it has one.
 fn spawn(cmd: &AgentCommand) -> std::io::Result<tokio::process::Child> {
     let mut child = Command::new(&cmd.program);
     for var in SECRET_ENV {
         child.env_remove(var);
+    }
+    if let Some(wall) = &cmd.wall {
+        wall.raise(&mut child);
     }
     child
         .args(&cmd.args)

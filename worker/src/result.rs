@@ -149,8 +149,57 @@ pub fn tests_run(run: &RunLog, reported: &ReportedResult) -> Vec<TestRun> {
     out
 }
 
-/// How each safety flag was applied on this agent, said honestly.
+/// How each safety flag was applied on this agent, and what the sandbox held, said honestly:
+/// a flag the kernel held says so first, then what the agent's own rules add.
 pub fn permissions_for(
+    kind: crate::agent::AgentKind,
+    readonly: bool,
+    no_shell: bool,
+    no_network: bool,
+    held: &crate::sandbox::Held,
+) -> Vec<Permission> {
+    let mut flags = agent_permissions(kind, readonly, no_shell, no_network);
+    for p in &mut flags {
+        let by_kernel = match p.flag.as_str() {
+            "readonly" => held
+                .by_kernel(false)
+                .map(|k| format!("{k}: the worktree is read-only to the agent and all it runs")),
+            "no_network" => held.by_kernel(true),
+            _ => None,
+        };
+        if let Some(k) = by_kernel {
+            p.enforcement = "kernel".into();
+            p.how = format!("{k}; besides, {}", p.how);
+        }
+    }
+    flags.push(match (held.abi, &held.missing) {
+        (Some(_), _) => Permission {
+            flag: "sandbox".into(),
+            enabled: true,
+            enforcement: "kernel".into(),
+            how: format!(
+                "{}: the agent and all it runs write only in {}, the git directories, the \
+                 agent's own state and a private TMPDIR, and cannot read TaskBridge's home or \
+                 the queue's database",
+                held.by_kernel(false).unwrap_or_default(),
+                match held.repository {
+                    true => "the worktrees of the task's repository (the warm server's wall)",
+                    false => "the task's worktree",
+                }
+            ),
+        },
+        (None, why) => Permission {
+            flag: "sandbox".into(),
+            enabled: false,
+            enforcement: "none".into(),
+            how: why.clone().unwrap_or_else(|| "the agent ran without a sandbox".into()),
+        },
+    });
+    flags
+}
+
+/// How each safety flag is applied by the agent's own rules.
+fn agent_permissions(
     kind: crate::agent::AgentKind,
     readonly: bool,
     no_shell: bool,
@@ -349,11 +398,38 @@ mod tests {
     }
 
     #[test]
+    fn a_flag_the_kernel_held_says_so_and_the_sandbox_is_listed_either_way() {
+        use crate::agent::AgentKind;
+        let held = crate::sandbox::Held { abi: Some(7), network: true, ..Default::default() };
+        let ps = permissions_for(AgentKind::OpenCode, true, false, true, &held);
+        let by = |f: &str| ps.iter().find(|p| p.flag == f).unwrap().clone();
+        assert_eq!(by("readonly").enforcement, "kernel");
+        assert!(by("readonly").how.starts_with("enforced by the kernel (Landlock ABI 7)"));
+        assert!(by("readonly").how.contains("besides, OpenCode's edit permission is denied"));
+        assert_eq!(by("no_network").enforcement, "kernel");
+        assert_eq!(by("no_shell").enforcement, "enforced");
+        assert_eq!((by("sandbox").enabled, by("sandbox").enforcement.as_str()), (true, "kernel"));
+        let fs_only = crate::sandbox::Held { network: false, ..held };
+        let ps = permissions_for(AgentKind::ClaudeCode, false, false, true, &fs_only);
+        let net = ps.iter().find(|p| p.flag == "no_network").unwrap();
+        assert_eq!(net.enforcement, "advisory", "a wall without TCP rules held no network");
+        let off = crate::sandbox::Held {
+            missing: Some("the sandbox is off".into()),
+            ..Default::default()
+        };
+        let ps = permissions_for(AgentKind::Codex, true, false, false, &off);
+        let sandbox = ps.iter().find(|p| p.flag == "sandbox").unwrap();
+        assert_eq!((sandbox.enabled, sandbox.how.as_str()), (false, "the sandbox is off"));
+        assert_eq!(ps.iter().find(|p| p.flag == "readonly").unwrap().enforcement, "enforced");
+    }
+
+    #[test]
     fn every_agent_reports_all_three_flags_with_how_each_held() {
         use crate::agent::AgentKind;
         let words = |ps: Vec<Permission>| {
             ps.into_iter().map(|p| (p.flag, p.enabled, p.enforcement)).collect::<Vec<_>>()
         };
+        let permissions_for = agent_permissions;
         let e = |f: &str, on: bool, how: &str| (f.to_owned(), on, how.to_owned());
         assert_eq!(
             words(permissions_for(AgentKind::OpenCode, true, false, true)),

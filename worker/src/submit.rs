@@ -100,6 +100,7 @@ pub fn submit_batch(
     let specs = reqs.into_iter().map(|r| r.resolve(cwd)).collect::<Result<Vec<_>>>()?;
     for spec in &specs {
         check_codex_rules(spec)?;
+        warnings.extend(check_sandbox(spec, cfg.sandbox.mode, crate::sandbox::Kernel::probe())?);
     }
     if store.location().is_shared() {
         // Workers on other hosts must be able to fetch each base: checked (and pushed when
@@ -246,6 +247,36 @@ pub fn submit(
     Ok((task, created, out.warnings))
 }
 
+/// A rule only the kernel can hold, asked of a host whose kernel cannot: refused in `enforce`
+/// mode (nothing is stored), said as a warning in `warn` mode.
+fn check_sandbox(
+    spec: &TaskSpec,
+    mode: crate::sandbox::Mode,
+    kernel: crate::sandbox::Kernel,
+) -> Result<Vec<String>> {
+    use crate::sandbox::{Mode, Rule};
+    if mode == Mode::Off {
+        return Ok(vec![]);
+    }
+    let asked = [
+        (spec.readonly, Rule::Readonly, "readonly"),
+        (spec.no_network, Rule::NoNetwork, "no_network"),
+    ];
+    let mut warnings = Vec::new();
+    for (why, flag) in
+        asked.iter().filter(|a| a.0).filter_map(|a| Some((kernel.cannot_hold(a.1)?, a.2)))
+    {
+        if mode == Mode::Enforce {
+            return Err(crate::Error::Config(format!(
+                "refused {flag}: {why}; submit it where the kernel can, or set [sandbox] mode = \
+                 \"warn\" to run it with the agent's own rules only"
+            )));
+        }
+        warnings.push(format!("{flag} is held by the agent's own rules only: {why}"));
+    }
+    Ok(warnings)
+}
+
 /// `followup_task`: a new task that refines a done or failed task in its own agent session, on
 /// a new branch that starts from its commit (a failed task's worktree is committed to its branch
 /// first, so the follow-up starts from what it left and nothing is lost).
@@ -309,4 +340,39 @@ pub fn followup(store: &Store, parent: queue::TaskId, prompt: &str) -> Result<Ta
         crate::remote::ensure_fetchable(Path::new(&spec.repo), remote, &spec.base)?;
     }
     Ok(store.submit(spec)?.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sandbox::{Kernel, Mode};
+
+    #[test]
+    fn a_rule_the_kernel_cannot_hold_is_refused_when_enforced_and_warned_otherwise() {
+        let mut spec = TaskSpec::new("p", "/r", "b");
+        spec.no_network = true;
+        let old = Kernel { landlock_abi: 3 };
+        let e = check_sandbox(&spec, Mode::Enforce, old).unwrap_err().to_string();
+        assert!(
+            e.contains("refused no_network") && e.contains("ABI 3") && e.contains("warn"),
+            "{e}"
+        );
+        let w = check_sandbox(&spec, Mode::Warn, old).unwrap();
+        assert!(w.len() == 1 && w[0].starts_with("no_network is held by the agent"), "{w:?}");
+        assert!(check_sandbox(&spec, Mode::Off, old).unwrap().is_empty());
+        assert!(
+            check_sandbox(&spec, Mode::Enforce, Kernel { landlock_abi: 4 }).unwrap().is_empty()
+        );
+        spec.no_network = false;
+        spec.readonly = true;
+        let none = Kernel { landlock_abi: 0 };
+        assert!(
+            check_sandbox(&spec, Mode::Enforce, none)
+                .unwrap_err()
+                .to_string()
+                .contains("refused readonly")
+        );
+        spec.readonly = false;
+        assert!(check_sandbox(&spec, Mode::Enforce, none).unwrap().is_empty(), "no rule asked");
+    }
 }

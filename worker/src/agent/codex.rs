@@ -10,9 +10,21 @@ use crate::agent::AgentProtocol;
 use crate::events::{AgentError, AgentEvent, ToolCall, Usage};
 use serde_json::Value;
 
-/// The arguments of one turn, the prompt read from stdin (`-`).
-pub fn args(task: &queue::Task, model: Option<&str>, session: Option<&str>) -> Vec<String> {
-    let sandbox = if task.readonly { "read-only" } else { "workspace-write" };
+/// The arguments of one turn, the prompt read from stdin (`-`). `walled`: the turn runs inside
+/// TaskBridge's own wall (`crate::sandbox`), which holds the task's rules for every agent alike;
+/// Codex's sandbox is then off, since its bubblewrap cannot run inside a Landlock domain (it must
+/// write `/proc/<pid>/uid_map`, which the wall keeps read-only).
+pub fn args(
+    task: &queue::Task,
+    model: Option<&str>,
+    session: Option<&str>,
+    walled: bool,
+) -> Vec<String> {
+    let sandbox = match (walled, task.readonly) {
+        (true, _) => "danger-full-access",
+        (false, true) => "read-only",
+        (false, false) => "workspace-write",
+    };
     let mut args: Vec<String> = vec!["exec".into()];
     if session.is_some() {
         args.push("resume".into());

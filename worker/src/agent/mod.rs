@@ -186,6 +186,43 @@ impl AgentKind {
         env.path(self.env_var()).unwrap_or_else(|| PathBuf::from(self.default_program()))
     }
 
+    /// Where its CLI keeps its own state (sessions, caches, logs, settings it rewrites): the
+    /// directories, then the files, the sandbox lets it write besides the task's own.
+    pub fn state_paths(self, env: &queue::Environment) -> (Vec<PathBuf>, Vec<PathBuf>) {
+        let home = env.home_dir();
+        let xdg = |var: &str, under: &str| {
+            let base = env.path(var).or_else(|| home.as_ref().map(|h| h.join(under)));
+            base.map(|d| d.join("opencode"))
+        };
+        match self {
+            AgentKind::OpenCode => {
+                let dirs = [
+                    xdg("XDG_DATA_HOME", ".local/share"),
+                    xdg("XDG_CACHE_HOME", ".cache"),
+                    xdg("XDG_STATE_HOME", ".local/state"),
+                    xdg("XDG_CONFIG_HOME", ".config"),
+                ];
+                (dirs.into_iter().flatten().collect(), vec![])
+            }
+            AgentKind::ClaudeCode => match env.path("CLAUDE_CONFIG_DIR") {
+                Some(dir) => (vec![dir], vec![]),
+                // Without CLAUDE_CONFIG_DIR it keeps `~/.claude.json` beside `~/.claude`.
+                None => home.map_or((vec![], vec![]), |h| {
+                    (vec![h.join(".claude")], vec![h.join(".claude.json")])
+                }),
+            },
+            AgentKind::Codex => {
+                let dir = env.path("CODEX_HOME").or_else(|| home.map(|h| h.join(".codex")));
+                // Its sandbox's helper keeps a directory in /tmp itself, whatever TMPDIR says
+                // (seen with `strace` on 0.171: `mkdir("/tmp/codex-daemon-0", 0700)`).
+                use std::os::unix::fs::MetadataExt;
+                let uid = std::fs::metadata("/proc/self").map(|m| m.uid());
+                let daemon = uid.ok().map(|uid| PathBuf::from(format!("/tmp/codex-daemon-{uid}")));
+                (dir.into_iter().chain(daemon).collect(), vec![])
+            }
+        }
+    }
+
     /// Why this agent cannot run here (its CLI is missing), with the command that fixes it.
     pub fn missing(self, program: &Path, env: &queue::Environment) -> Option<String> {
         if env.find_program(program).is_some() {

@@ -2,6 +2,8 @@
 //!
 //! 1. [`worktree`]: prepare. The task's dependencies' work put together, the directory it runs
 //!    in made ready on its branch, the repository's set-up commands run: a [`Run`].
+//!    Then [`wall`]: the sandbox the agent's turns run in, built for that worktree and the
+//!    task's rules (or the run refused, when the kernel cannot hold a rule it asks for).
 //! 2. [`prompt`]: what the agent is told (a new task, an answer, a follow-up, an interrupted run
 //!    going on, planner notes): a [`prompt::Conversation`].
 //! 3. [`turns`]: the agent's turns, on whichever agent the task names (OpenCode's warm server,
@@ -18,6 +20,7 @@
 mod outcome;
 mod prompt;
 mod turns;
+mod wall;
 mod worktree;
 
 use crate::agent::AgentSpec;
@@ -53,6 +56,8 @@ pub(crate) struct Run<'a> {
     /// Whether this worker has a warm server at all.
     pub warm_server: bool,
     pub deadline: tokio::time::Instant,
+    /// The sandbox the agent runs in (filled in by the wall stage).
+    pub walled: wall::Walled,
 }
 
 /// How a run ends before its last stage.
@@ -95,12 +100,20 @@ impl Worker {
         stop: watch::Receiver<Option<StopReason>>,
     ) -> Result<Option<Outcome>> {
         let stages = async {
-            let run = self.prepare(task, token, log).await?;
+            let mut run = self.prepare(task, token, log).await?;
+            run.walled = self.wall(&run, log).await?;
             let mut talk = prompt::Conversation::new(&run, resume, &new_notes, &self.cfg);
             let res = self.turns(&run, &mut talk, &new_notes, log, stop).await?;
             self.finish(&run, res, log).await
         };
-        match stages.await {
+        let ended = stages.await;
+        // A server of the task's own goes with its run, before the TMPDIR it was given.
+        if let Some(servers) = &self.servers {
+            servers.stop(&wall::own_server(task)).await;
+        }
+        // The task's private temporary files go with the run that made them.
+        let _ = std::fs::remove_dir_all(wall::task_tmp(&self.home, task));
+        match ended {
             Ok(outcome) | Err(End::Outcome(outcome)) => Ok(Some(outcome)),
             Err(End::LostLease) => Ok(None),
             Err(End::Error(e)) => Err(e),
@@ -148,6 +161,7 @@ pub(crate) mod tests {
             model: Some("anthropic/claude-x".into()),
             warm_server: true,
             deadline: tokio::time::Instant::now(),
+            walled: Default::default(),
         }
     }
 }

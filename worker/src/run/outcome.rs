@@ -90,8 +90,13 @@ pub(super) fn result_of(exit: &AgentExit, run: &Run<'_>, carried: &Usage) -> Tas
     let reported = result::reported(&final_text);
     let mut usage = spent_before(task, carried);
     usage.add(&exit.run.usage);
-    let mut permissions =
-        result::permissions_for(run.spec.kind, task.readonly, task.no_shell, task.no_network);
+    let mut permissions = result::permissions_for(
+        run.spec.kind,
+        task.readonly,
+        task.no_shell,
+        task.no_network,
+        &run.walled.held,
+    );
     permissions.extend(crate::decisions::ask_permissions(task, run.spec.kind, run.serving()));
     let agent = crate::decisions::agent_report(task, &run.spec, run.serving(), run.warm_server);
     // An agent that reports no cost spent an unknown amount (`null`), not nothing; one that
@@ -395,7 +400,13 @@ mod tests {
         let observed =
             result::TestRun { command: "cargo test".into(), exit_code: Some(0), observed: true };
         assert_eq!(res.tests_run, [observed]);
-        let flags = result::permissions_for(AgentKind::ClaudeCode, false, false, false);
+        let flags = result::permissions_for(
+            AgentKind::ClaudeCode,
+            false,
+            false,
+            false,
+            &Default::default(),
+        );
         assert!(!flags.is_empty());
         assert_eq!(res.permissions, flags);
         assert_eq!(res.agent.as_ref().map(|a| a.name.as_str()), Some("claude-code"));

@@ -88,7 +88,7 @@ impl Worker {
         log: &mut TaskLog,
         stop: Stop,
     ) -> Stage<AgentExit> {
-        match (&self.server, run.spec.kind) {
+        match (&run.walled.server, run.spec.kind) {
             (Some(server), AgentKind::OpenCode) => {
                 self.turn_serve(server, run, talk, new_notes, log, stop).await
             }
@@ -194,9 +194,10 @@ impl Worker {
             let cmd = AgentCommand {
                 program: program.clone(),
                 args: talk.args.clone(),
-                env: talk.env.clone(),
+                env: talk.env.iter().chain(&run.walled.env).cloned().collect(),
                 cwd: run.dir.clone(),
                 stdin: talk.prompt.clone(),
+                wall: run.walled.wall.clone(),
             };
             log.line(&format!("$ {} {}", program.display(), shell_words(&talk.args)));
             let mut never = |_: &queue::Ask, _: &serde_json::Value| crate::policy::Decision::Wait;
@@ -271,13 +272,25 @@ impl Worker {
                 )
             }
             _ => (
-                crate::agent::codex::args(task, model, session.as_deref()),
+                crate::agent::codex::args(
+                    task,
+                    model,
+                    session.as_deref(),
+                    run.walled.wall.is_some(),
+                ),
                 talk.prompt.clone(),
                 Box::new(crate::agent::codex::CodexStream),
             ),
         };
         log.line(&format!("$ {} {}", program.display(), shell_words(&args)));
-        let cmd = AgentCommand { program, args, env: vec![], cwd: dir.to_path_buf(), stdin };
+        let cmd = AgentCommand {
+            program,
+            args,
+            env: run.walled.env.clone(),
+            cwd: dir.to_path_buf(),
+            stdin,
+            wall: run.walled.wall.clone(),
+        };
         let mut decide = |ask: &queue::Ask, input: &serde_json::Value| match &ask.permission {
             Some(p) if ask.kind == queue::AskKind::Permission => {
                 let tool = crate::policy::ToolUse {

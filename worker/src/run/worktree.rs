@@ -94,9 +94,10 @@ impl Worker {
             first_run,
             parent_dir,
             model,
-            warm_server: self.server.is_some(),
+            warm_server: self.servers.is_some(),
             deadline: tokio::time::Instant::now()
                 + Duration::from_secs(task.timeout_s.max(1) as u64),
+            walled: Default::default(),
         })
     }
 
@@ -128,7 +129,7 @@ impl Worker {
         let dir = earlier
             .or_else(|| spare.clone())
             .or_else(|| at_parents.clone())
-            .unwrap_or_else(|| self.queue_worktrees().join(format!("task-{}", task.id.0)));
+            .unwrap_or_else(|| self.repo_worktrees(&task.repo).join(format!("task-{}", task.id.0)));
         Place { dir, spare, at_parents }
     }
 
@@ -330,7 +331,7 @@ impl Worker {
     /// A done task's directory: kept for this worker's next task of the repository (`serve`
     /// mode), else removed; the branch keeps the work either way.
     async fn leave_worktree(&self, task: &Task, dir: &Path, log: &mut TaskLog) {
-        if self.server.is_some() && self.keep_spare(&task.repo, dir).await {
+        if self.servers.is_some() && self.keep_spare(&task.repo, dir).await {
             log.line(
                 "work committed (the branch keeps it); the directory stays for this worker's \
                  next task of this repository, cleaned first",

@@ -24,12 +24,15 @@ mod parked;
 mod protocol;
 mod server;
 
-pub use server::{env_plugin, kill_orphaned_servers, npm_retries, server_file_name, spares_file};
+pub use server::{
+    env_plugin, kill_orphaned_servers, npm_retries, plugin_dir, server_file_name, spares_file,
+};
 
 use crate::events::Usage;
 use crate::logs::TaskLog;
 use crate::policy::Grants;
 use crate::process::{AgentExit, StopReason};
+use crate::sandbox::Wall;
 use client::Located;
 use parked::Parked;
 use protocol::Following;
@@ -38,6 +41,7 @@ use serde_json::{Value, json};
 use server::Running;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 
@@ -47,12 +51,107 @@ const MAX_SERVER_RESTARTS_PER_TURN: u32 = 2;
 /// The prompt that continues a session whose run was interrupted.
 pub const INTERRUPTED: &str = include_str!("../../../../assets/interrupted.md");
 
-/// The worker's OpenCode server: started on first use, started again if it died.
+/// The worker's warm servers, one per wall: a repository's (every task of it whose rules are
+/// the repository's), a task's own (read-only, no network, a directory outside the
+/// repository's), or, with no sandbox, one for every task. The worker decides which
+/// (`crate::run`'s wall stage); a server is made on first use and started on its first turn.
+pub struct Servers {
+    program: PathBuf,
+    env: Vec<(String, String)>,
+    dir: PathBuf,
+    worker_file: String,
+    by_wall: std::sync::Mutex<HashMap<String, Arc<ServeAgent>>>,
+}
+
+impl Servers {
+    pub fn new(
+        program: PathBuf,
+        env: Vec<(String, String)>,
+        home: &queue::Home,
+        worker: &str,
+    ) -> Self {
+        crate::notify::install_tls();
+        Servers {
+            program,
+            env,
+            dir: home.root().join("servers"),
+            worker_file: server_file_name(worker),
+            by_wall: Default::default(),
+        }
+    }
+
+    /// The server behind the wall named `key`; when there is none yet, `make` gives the wall
+    /// and the environment it adds (its TMPDIR, the proxy).
+    pub fn get<E>(
+        &self,
+        key: &str,
+        make: impl FnOnce() -> Result<(Option<Arc<Wall>>, Vec<(String, String)>), E>,
+    ) -> Result<Arc<ServeAgent>, E> {
+        let mut by_wall = self.by_wall.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = by_wall.get(key) {
+            return Ok(s.clone());
+        }
+        let (wall, more) = make()?;
+        let mut env = self.env.clone();
+        env.extend(more);
+        let server = Arc::new(ServeAgent {
+            program: self.program.clone(),
+            env,
+            wall,
+            pid_file: self.dir.join(format!("{}@{key}.json", self.worker_file)),
+            password: server::random_password(),
+            http: reqwest::Client::builder()
+                .connect_timeout(Duration::from_secs(10))
+                .build()
+                .unwrap_or_default(),
+            state: tokio::sync::Mutex::new(None),
+            generation: Default::default(),
+            parked: Default::default(),
+        });
+        by_wall.insert(key.to_owned(), server.clone());
+        Ok(server)
+    }
+
+    /// Stops the server behind `key` (a task's own, after its run), if there is one.
+    pub async fn stop(&self, key: &str) {
+        let server = self.by_wall.lock().unwrap_or_else(|e| e.into_inner()).remove(key);
+        if let Some(s) = server {
+            s.shutdown().await;
+        }
+    }
+
+    fn all(&self) -> Vec<Arc<ServeAgent>> {
+        self.by_wall.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect()
+    }
+
+    /// Stops every server and everything they started.
+    pub async fn shutdown(&self) {
+        for s in self.all() {
+            s.shutdown().await;
+        }
+    }
+
+    /// The tasks whose agents are parked in any of the servers.
+    pub fn parked_tasks(&self) -> Vec<TaskId> {
+        self.all().iter().flat_map(|s| s.parked_tasks()).collect()
+    }
+
+    /// [`ServeAgent::sweep_parked`] on every server.
+    pub async fn sweep_parked(&self, still_waiting: impl Fn(TaskId) -> bool) {
+        for s in self.all() {
+            s.sweep_parked(&still_waiting).await;
+        }
+    }
+}
+
+/// One OpenCode server: started on first use, started again if it died.
 pub struct ServeAgent {
     program: PathBuf,
     env: Vec<(String, String)>,
-    /// `<home>/servers/<worker>.json`: the server's pid and start time, so the next worker on
-    /// this host can kill a server whose worker was killed.
+    /// The Landlock ruleset the server (and so every command its agents run) is raised in.
+    wall: Option<Arc<Wall>>,
+    /// `<home>/servers/<worker>@<wall>.json`: the server's pid and start time, so the next
+    /// worker on this host can kill a server whose worker was killed.
     pid_file: PathBuf,
     password: String,
     http: reqwest::Client,
@@ -111,29 +210,6 @@ fn io_err(e: impl std::fmt::Display) -> std::io::Error {
 }
 
 impl ServeAgent {
-    pub fn new(
-        program: PathBuf,
-        env: Vec<(String, String)>,
-        home: &queue::Home,
-        worker: &str,
-    ) -> Self {
-        let file = server_file_name(worker);
-        crate::notify::install_tls();
-        ServeAgent {
-            program,
-            env,
-            pid_file: home.root().join("servers").join(format!("{file}.json")),
-            password: server::random_password(),
-            http: reqwest::Client::builder()
-                .connect_timeout(Duration::from_secs(10))
-                .build()
-                .unwrap_or_default(),
-            state: tokio::sync::Mutex::new(None),
-            generation: Default::default(),
-            parked: Default::default(),
-        }
-    }
-
     /// Runs one prompt (or one reply) to the end of the agent's turn, until it is stopped, or
     /// until the agent blocks on a decision (`AgentExit::waiting`). `on_progress` hears every
     /// finished step's usage so far, and may stop the agent with a decision of its own.

@@ -36,7 +36,7 @@ impl ServeAgent {
 
     /// Aborts the sessions parked for tasks that `still_waiting` no longer sees waiting (they
     /// were cancelled, or their question timed out), so that nothing runs on for them.
-    pub async fn sweep_parked(&self, still_waiting: impl Fn(TaskId) -> bool) {
+    pub async fn sweep_parked(&self, still_waiting: &impl Fn(TaskId) -> bool) {
         let gone: Vec<(TaskId, Parked)> = match self.parked.lock() {
             Ok(mut p) => {
                 let ids: Vec<TaskId> = p.keys().copied().filter(|id| !still_waiting(*id)).collect();

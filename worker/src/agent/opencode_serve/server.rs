@@ -55,10 +55,15 @@ pub fn npm_retries(env: &queue::Environment) -> Option<(String, String)> {
     (!set).then(|| ("npm_config_fetch_retries".to_owned(), "0".to_owned()))
 }
 
+/// Where the environment plugin is written: a warm server's wall lets it read there.
+pub fn plugin_dir(home: &queue::Home) -> PathBuf {
+    home.root().join("opencode-plugin")
+}
+
 /// Writes the environment plugin into the home (each start: a newer TaskBridge may change it)
 /// and returns its path.
 pub fn env_plugin(home: &queue::Home) -> std::io::Result<PathBuf> {
-    let dir = home.root().join("opencode-plugin");
+    let dir = plugin_dir(home);
     std::fs::create_dir_all(&dir)?;
     let path = dir.join("taskbridge-env.js");
     std::fs::write(&path, ENV_PLUGIN)?;
@@ -129,6 +134,9 @@ impl ServeAgent {
         for var in crate::process::SECRET_ENV {
             child.env_remove(var);
         }
+        if let Some(wall) = &self.wall {
+            wall.raise(&mut child);
+        }
         let mut child = child
             .args(["serve", "--port", &port.to_string(), "--hostname", "127.0.0.1"])
             .envs(self.env.iter().map(|(k, v)| (k, v)))
@@ -195,6 +203,11 @@ impl ServeAgent {
         Ok(Running { child, pid: pid as i32, tree, port, generation: 0 })
     }
 
+    /// The Landlock ABI of the server's wall, when it has one.
+    pub fn wall_abi(&self) -> Option<i32> {
+        self.wall.as_ref().map(|w| w.abi())
+    }
+
     /// Stops the server and everything it started.
     pub async fn shutdown(&self) {
         if let Some(mut r) = self.state.lock().await.take() {
@@ -242,7 +255,9 @@ pub fn kill_orphaned_servers(home: &queue::Home, alive: impl Fn(&str) -> bool) {
             }
             continue;
         }
-        let name = file.trim_end_matches(".json").to_owned();
+        // `<worker>@<wall>.json`; a worker before walls named its one server `<worker>.json`.
+        let stem = file.trim_end_matches(".json");
+        let name = stem.split('@').next().unwrap_or(stem).to_owned();
         if alive(&name) {
             continue;
         }
@@ -313,7 +328,9 @@ mod tests {
         std::fs::write(servers.join("alive.spares.json"), listed.to_string()).unwrap();
         // No process has this pid, so nothing is killed; the file of a dead worker still goes.
         std::fs::write(servers.join("dead.json"), r#"{"pid": 2147483000}"#).unwrap();
+        std::fs::write(servers.join("dead@demo-1a2b3c4d.json"), r#"{"pid": 2147483000}"#).unwrap();
         std::fs::write(servers.join("alive.json"), r#"{"pid": 2147483000}"#).unwrap();
+        std::fs::write(servers.join("alive@task-7.json"), r#"{"pid": 2147483000}"#).unwrap();
         kill_orphaned_servers(&home, |name| name == "alive");
         let mut left: Vec<String> = std::fs::read_dir(&servers)
             .unwrap()
@@ -321,7 +338,7 @@ mod tests {
             .map(|e| e.file_name().to_string_lossy().into_owned())
             .collect();
         left.sort();
-        assert_eq!(left, vec!["alive.json", "alive.spares.json"]);
+        assert_eq!(left, vec!["alive.json", "alive.spares.json", "alive@task-7.json"]);
         assert!(!spare.exists(), "the dead worker's detached spare is removed");
         assert!(taken.join("a.txt").exists(), "a spare a task took since is its worktree now");
     }

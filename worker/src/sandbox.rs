@@ -1,0 +1,505 @@
+//! The wall around an agent: one policy, applied by the kernel (Linux Landlock) to the agent's
+//! process and everything it starts, the same for every agent.
+//!
+//! A [`Policy`] says what a run may touch: the directories it may write (its worktree, the git
+//! admin directory and object store that worktree needs, the agent's own state, a private
+//! temporary directory), what it may only read (a read-only task's worktree), what it may not
+//! even read (TaskBridge's home with the queue and its token, the queue's database), and, for a
+//! task without network, the one TCP port it may connect to (the worker's [`proxy`] to the model
+//! provider). [`Wall::build`] turns it into a Landlock ruleset in the worker, where allocating
+//! and opening files is safe; [`Wall::raise`] only makes two system calls between `fork` and
+//! `exec`, so a spawn cannot deadlock on a lock another thread held at the fork.
+//!
+//! Landlock rules only ever allow, so "everything but the home" is written as every entry of
+//! each directory on the way to a hidden path except the one that leads there (see
+//! [`readable_parts`]). Entries made later in those directories are not readable by the agent;
+//! everything below an entry is. Any directory may be listed: the names in the home show, not
+//! what its files hold.
+
+#![allow(unsafe_code)]
+
+pub mod proxy;
+
+use landlock::{
+    ABI, Access, AccessFs, AccessNet, BitFlags, NetPort, PathBeneath, PathFd, Ruleset, RulesetAttr,
+    RulesetCreatedAttr, Scope,
+};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+/// What to do with the wall (`[sandbox] mode`, `TASKBRIDGE_SANDBOX`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// Every agent runs inside the wall; a task whose rule the kernel cannot hold is refused.
+    #[default]
+    Enforce,
+    /// Inside the wall where the kernel can build it; otherwise the task runs with a warning.
+    Warn,
+    /// No wall: the agents' own rules only.
+    Off,
+}
+
+impl std::str::FromStr for Mode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "enforce" => Ok(Mode::Enforce),
+            "warn" => Ok(Mode::Warn),
+            "off" => Ok(Mode::Off),
+            other => Err(format!("'{other}' is not a sandbox mode; use enforce, warn or off")),
+        }
+    }
+}
+
+impl Mode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Enforce => "enforce",
+            Mode::Warn => "warn",
+            Mode::Off => "off",
+        }
+    }
+}
+
+/// What this kernel offers, asked once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Kernel {
+    /// The Landlock ABI version, 0 when Landlock is missing or disabled.
+    pub landlock_abi: i32,
+}
+
+/// The first ABI with TCP rules.
+const NET_ABI: i32 = 4;
+/// The first ABI that scopes signals and abstract Unix sockets to the domain.
+const SCOPE_ABI: i32 = 6;
+
+impl Kernel {
+    /// Asks the kernel (`landlock_create_ruleset` with the version flag).
+    pub fn probe() -> Kernel {
+        static KERNEL: OnceLock<Kernel> = OnceLock::new();
+        *KERNEL.get_or_init(|| {
+            // SAFETY: with a null attribute, size 0 and LANDLOCK_CREATE_RULESET_VERSION the call
+            // only returns the version (or fails); it touches no memory.
+            let v = unsafe {
+                nix::libc::syscall(
+                    nix::libc::SYS_landlock_create_ruleset,
+                    std::ptr::null::<u8>(),
+                    0usize,
+                    1u32,
+                )
+            };
+            Kernel { landlock_abi: i32::try_from(v).unwrap_or(0).max(0) }
+        })
+    }
+
+    pub fn walls(&self) -> bool {
+        self.landlock_abi >= 1
+    }
+
+    pub fn tcp_rules(&self) -> bool {
+        self.landlock_abi >= NET_ABI
+    }
+
+    /// Why `rule` cannot be held by the kernel here, if it cannot.
+    pub fn cannot_hold(&self, rule: Rule) -> Option<String> {
+        if !self.walls() {
+            return Some(format!(
+                "this kernel has no Landlock ({}), so nothing but the agent itself would keep {}",
+                if cfg!(target_os = "linux") {
+                    "it needs Linux 5.13 or later with Landlock enabled in CONFIG_LSM"
+                } else {
+                    "TaskBridge's sandbox is Linux-only for now"
+                },
+                rule.what()
+            ));
+        }
+        if rule == Rule::NoNetwork && !self.tcp_rules() {
+            return Some(format!(
+                "this kernel's Landlock is ABI {} and TCP rules need ABI {NET_ABI} (Linux 6.7)",
+                self.landlock_abi
+            ));
+        }
+        None
+    }
+
+    /// The `doctor` line.
+    pub fn describe(&self) -> String {
+        if !self.walls() {
+            return "no Landlock on this kernel: agents run without a wall".to_owned();
+        }
+        let mut held = vec!["writes outside the worktree", "reads of the queue and its token"];
+        if self.tcp_rules() {
+            held.push("TCP for --no-network");
+        }
+        if self.landlock_abi >= SCOPE_ABI {
+            held.push("signals and abstract sockets out of the wall");
+        }
+        format!("Landlock ABI {} holds {}", self.landlock_abi, held.join(", "))
+    }
+}
+
+/// A task's rule the wall can hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rule {
+    Readonly,
+    NoNetwork,
+}
+
+impl Rule {
+    fn what(self) -> &'static str {
+        match self {
+            Rule::Readonly => "a read-only task from writing",
+            Rule::NoNetwork => "a task without network off the network",
+        }
+    }
+}
+
+/// What one wall allows.
+#[derive(Debug, Clone, Default)]
+pub struct Policy {
+    /// Directories (or files) the agent may read and change.
+    pub write: Vec<PathBuf>,
+    /// Directories the agent may read but not change, inside a hidden one (a read-only task's
+    /// worktree in the home).
+    pub read: Vec<PathBuf>,
+    /// Not even readable: everything else is.
+    pub hidden: Vec<PathBuf>,
+    /// `Some(ports)`: TCP connections only to these ports; `None`: the network is not walled.
+    pub connect_only: Option<Vec<u16>>,
+}
+
+/// Devices every program writes to (`> /dev/null`, a terminal), and nothing else in `/dev`.
+const DEVICES: [&str; 8] = [
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/random",
+    "/dev/urandom",
+    "/dev/tty",
+    "/dev/ptmx",
+    "/dev/pts",
+];
+
+/// What held the task's rules, said in the result.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Held {
+    /// The Landlock ABI of the wall the agent ran in.
+    pub abi: Option<i32>,
+    /// The wall also held TCP (no network but the proxy).
+    pub network: bool,
+    /// Why there was no wall, when there was none.
+    pub missing: Option<String>,
+    /// The wall was the warm server's, around every worktree of the task's repository.
+    pub repository: bool,
+}
+
+impl Held {
+    /// "enforced by the kernel (Landlock ABI 7, ...)" for a rule the wall held.
+    pub fn by_kernel(&self, network: bool) -> Option<String> {
+        let abi = self.abi?;
+        match network {
+            true if self.network => Some(format!(
+                "enforced by the kernel (Landlock ABI {abi}, TCP rules): the agent may connect \
+                 only to the worker's proxy, which forwards to the model provider's hosts and \
+                 nowhere else; UDP and Unix sockets are not held by this ABI"
+            )),
+            true => None,
+            false => Some(format!("enforced by the kernel (Landlock ABI {abi})")),
+        }
+    }
+}
+
+/// A ruleset ready to be raised in a child.
+#[derive(Debug)]
+pub struct Wall {
+    fd: OwnedFd,
+    abi: i32,
+    network: bool,
+}
+
+/// Why a wall could not be built.
+#[derive(Debug, thiserror::Error)]
+#[error("could not build the sandbox: {0}")]
+pub struct WallError(String);
+
+impl Wall {
+    /// The Landlock ruleset for `policy`, on this kernel's ABI.
+    pub fn build(policy: &Policy) -> Result<Wall, WallError> {
+        let kernel = Kernel::probe();
+        if !kernel.walls() {
+            return Err(WallError("this kernel has no Landlock".into()));
+        }
+        let err = |e: landlock::RulesetError| WallError(e.to_string());
+        let abi = ABI::from(kernel.landlock_abi);
+        // Ioctls on devices are left alone: terminals need them and they reach no file.
+        let all = AccessFs::from_all(abi) & !AccessFs::IoctlDev;
+        let read = AccessFs::from_read(abi);
+        let mut ruleset = Ruleset::default().handle_access(all).map_err(err)?;
+        let network = policy.connect_only.is_some();
+        if network {
+            if !kernel.tcp_rules() {
+                return Err(WallError(format!(
+                    "TCP rules need Landlock ABI {NET_ABI}; this kernel has {}",
+                    kernel.landlock_abi
+                )));
+            }
+            ruleset = ruleset.handle_access(AccessNet::ConnectTcp).map_err(err)?;
+        }
+        if kernel.landlock_abi >= SCOPE_ABI {
+            // Signals and abstract Unix sockets stay inside the wall: no killing the worker,
+            // no talking to a desktop bus or another program's abstract socket.
+            ruleset = ruleset.scope(Scope::from_all(abi)).map_err(err)?;
+        }
+        let mut created = ruleset.create().map_err(err)?;
+        let hidden: Vec<PathBuf> =
+            policy.hidden.iter().filter_map(|h| std::fs::canonicalize(h).ok()).collect();
+        let mut readable = Vec::new();
+        readable_parts(Path::new("/"), &hidden, &mut readable);
+        let writable = |p: &Path| policy.write.iter().any(|w| p.starts_with(w));
+        let rules = readable
+            .iter()
+            .filter(|p| !writable(p))
+            .map(|p| (p.as_path(), read))
+            .chain(policy.read.iter().map(|p| (p.as_path(), read)))
+            .chain(policy.write.iter().map(|p| (p.as_path(), all)))
+            .chain(DEVICES.iter().map(|d| (Path::new(d), read | AccessFs::WriteFile)))
+            // Listing any directory: a hidden path's names show (`ls ~` works), not what the
+            // files hold.
+            .chain(std::iter::once((Path::new("/"), BitFlags::from(AccessFs::ReadDir))));
+        for (path, access) in rules {
+            // A path that went away since it was listed (or never was) holds nothing to allow.
+            let Ok(fd) = PathFd::new(path) else { continue };
+            let access = if path.is_dir() { access } else { access & file_access(abi) };
+            created = created.add_rule(PathBeneath::new(fd, access)).map_err(err)?;
+        }
+        if let Some(ports) = &policy.connect_only {
+            for &port in ports {
+                created =
+                    created.add_rule(NetPort::new(port, AccessNet::ConnectTcp)).map_err(err)?;
+            }
+        }
+        let fd: Option<OwnedFd> = created.into();
+        let fd = fd.ok_or_else(|| WallError("the kernel made no ruleset".into()))?;
+        Ok(Wall { fd, abi: kernel.landlock_abi, network })
+    }
+
+    /// Has `cmd`'s child raise the wall before it runs the program. What the child then
+    /// starts stays inside.
+    pub fn raise(self: &std::sync::Arc<Self>, cmd: &mut tokio::process::Command) {
+        let wall = self.clone();
+        // SAFETY: the closure runs between fork and exec, and only makes two system calls on
+        // an fd the parent keeps open (the Arc holds it); it allocates nothing.
+        unsafe {
+            cmd.pre_exec(move || wall.restrict_self());
+        }
+    }
+
+    /// The same as [`Wall::raise`] for a `std` command.
+    pub fn raise_std(self: &std::sync::Arc<Self>, cmd: &mut std::process::Command) {
+        use std::os::unix::process::CommandExt;
+        let wall = self.clone();
+        // SAFETY: as in `raise`.
+        unsafe {
+            cmd.pre_exec(move || wall.restrict_self());
+        }
+    }
+
+    fn restrict_self(&self) -> std::io::Result<()> {
+        use nix::libc;
+        // SAFETY: plain system calls on integers; no_new_privs is what Landlock requires of a
+        // process that is not privileged, and keeps a setuid program from leaving the wall.
+        unsafe {
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::syscall(libc::SYS_landlock_restrict_self, self.fd.as_raw_fd(), 0u32) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    }
+
+    pub fn abi(&self) -> i32 {
+        self.abi
+    }
+
+    /// Whether the wall also holds the network.
+    pub fn network(&self) -> bool {
+        self.network
+    }
+}
+
+/// The access rights that apply to a file (not a directory) on `abi`.
+fn file_access(abi: ABI) -> BitFlags<AccessFs> {
+    let mut f = AccessFs::Execute | AccessFs::WriteFile | AccessFs::ReadFile;
+    if abi >= ABI::V3 {
+        f |= AccessFs::Truncate;
+    }
+    if abi >= ABI::V5 {
+        f |= AccessFs::IoctlDev;
+    }
+    f
+}
+
+/// Every path under `root` that holds nothing hidden, which together hold everything under
+/// `root` but the hidden paths: `root` itself when no hidden path is inside it, else the same
+/// for each of its entries. A symbolic link is left out when it leads into a hidden path (a
+/// rule follows it); `hidden` must be canonical.
+pub fn readable_parts(root: &Path, hidden: &[PathBuf], out: &mut Vec<PathBuf>) {
+    if hidden.iter().any(|h| h == root) {
+        return;
+    }
+    if !hidden.iter().any(|h| h.starts_with(root)) {
+        out.push(root.to_path_buf());
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir(root) else { return };
+    for e in entries.flatten() {
+        let path = e.path();
+        if e.file_type().is_ok_and(|t| t.is_symlink()) {
+            match std::fs::canonicalize(&path) {
+                Ok(to) if !hidden.iter().any(|h| to.starts_with(h) || h.starts_with(&to)) => {
+                    out.push(path)
+                }
+                _ => {}
+            }
+            continue;
+        }
+        readable_parts(&path, hidden, out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn sh(wall: &Arc<Wall>, dir: &Path, script: &str) -> (bool, String) {
+        let mut cmd = std::process::Command::new("sh");
+        cmd.args(["-c", script]).current_dir(dir);
+        wall.raise_std(&mut cmd);
+        let out = cmd.output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        (out.status.success(), text)
+    }
+
+    #[test]
+    fn the_parts_around_a_hidden_path_cover_everything_else() {
+        let root = tempfile::tempdir().unwrap();
+        let r = root.path().canonicalize().unwrap();
+        for d in ["a/b/secret", "a/b/open", "a/c", "d"] {
+            std::fs::create_dir_all(r.join(d)).unwrap();
+        }
+        std::fs::write(r.join("a/file"), "x").unwrap();
+        std::os::unix::fs::symlink(r.join("a/b/secret"), r.join("to-secret")).unwrap();
+        std::os::unix::fs::symlink(r.join("d"), r.join("to-d")).unwrap();
+        let mut out = Vec::new();
+        readable_parts(&r, &[r.join("a/b/secret")], &mut out);
+        out.sort();
+        let want: Vec<PathBuf> =
+            ["a/b/open", "a/c", "a/file", "d", "to-d"].iter().map(|p| r.join(p)).collect();
+        assert_eq!(out, want);
+        let mut whole = Vec::new();
+        readable_parts(&r, &[PathBuf::from("/elsewhere")], &mut whole);
+        assert_eq!(whole, vec![r.clone()], "nothing hidden inside: the root itself");
+        let mut none = Vec::new();
+        readable_parts(&r, std::slice::from_ref(&r), &mut none);
+        assert!(none.is_empty());
+    }
+
+    #[test]
+    fn what_the_kernel_held_is_said_per_rule() {
+        let held = Held { abi: Some(7), network: true, ..Held::default() };
+        assert_eq!(held.by_kernel(false).unwrap(), "enforced by the kernel (Landlock ABI 7)");
+        assert!(held.by_kernel(true).unwrap().contains("TCP rules"));
+        let fs_only = Held { network: false, ..held.clone() };
+        assert_eq!(fs_only.by_kernel(true), None);
+        assert_eq!(Held::default().by_kernel(false), None);
+    }
+
+    #[test]
+    fn modes_parse_and_a_bad_one_says_which_there_are() {
+        for m in [Mode::Enforce, Mode::Warn, Mode::Off] {
+            assert_eq!(m.as_str().parse::<Mode>(), Ok(m));
+        }
+        let e = "strict".parse::<Mode>().unwrap_err();
+        assert!(e.contains("'strict'") && e.contains("enforce, warn or off"), "{e}");
+    }
+
+    #[test]
+    fn a_kernel_without_landlock_or_tcp_rules_says_what_it_cannot_hold() {
+        let none = Kernel { landlock_abi: 0 };
+        assert!(none.cannot_hold(Rule::Readonly).unwrap().contains("no Landlock"));
+        let old = Kernel { landlock_abi: 3 };
+        assert_eq!(old.cannot_hold(Rule::Readonly), None);
+        let e = old.cannot_hold(Rule::NoNetwork).unwrap();
+        assert!(e.contains("ABI 3") && e.contains("ABI 4"), "{e}");
+        assert_eq!(Kernel { landlock_abi: 4 }.cannot_hold(Rule::NoNetwork), None);
+        assert!(Kernel { landlock_abi: 6 }.describe().contains("signals"));
+        assert!(!Kernel { landlock_abi: 5 }.describe().contains("signals"));
+        assert!(!old.describe().contains("TCP"));
+    }
+
+    /// The wall, as the kernel holds it: this machine has Landlock (see docs/TESTING.md), and
+    /// a machine without it fails here with the reason rather than skipping.
+    #[test]
+    fn the_kernel_keeps_writes_in_the_worktree_hides_the_home_and_holds_tcp() {
+        let kernel = Kernel::probe();
+        assert!(kernel.tcp_rules(), "this test needs Landlock ABI 4+: {}", kernel.describe());
+        let root = tempfile::tempdir().unwrap();
+        let r = root.path().canonicalize().unwrap();
+        let (work, ro, elsewhere, home) =
+            (r.join("work"), r.join("home/ro"), r.join("elsewhere"), r.join("home"));
+        for d in [&work, &ro, &elsewhere] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        std::fs::write(home.join("taskbridge.db"), "secret").unwrap();
+        std::fs::write(ro.join("kept.txt"), "kept").unwrap();
+        std::os::unix::fs::symlink(&elsewhere, work.join("esc")).unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let open = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let (closed_port, open_port) =
+            (listener.local_addr().unwrap().port(), open.local_addr().unwrap().port());
+        let wall = Arc::new(
+            Wall::build(&Policy {
+                write: vec![work.clone()],
+                read: vec![ro.clone()],
+                hidden: vec![home.clone()],
+                connect_only: Some(vec![open_port]),
+            })
+            .unwrap(),
+        );
+        let (ok, out) = sh(&wall, &work, "echo in > inside.txt && cat inside.txt && ls /");
+        assert!(ok, "{out}");
+        assert!(out.starts_with("in\n") && out.contains("usr"), "{out}");
+        let (ok, out) = sh(&wall, &work, &format!("echo x > {}/out.txt", elsewhere.display()));
+        assert!(!ok && out.contains("Permission denied"), "{out}");
+        let (ok, out) = sh(&wall, &work, "echo x > esc/through-link.txt");
+        assert!(!ok && out.contains("Permission denied"), "{out}");
+        let (ok, out) = sh(&wall, &work, &format!("cat {}/taskbridge.db", home.display()));
+        assert!(!ok && out.contains("Permission denied"), "{out}");
+        let (ok, out) =
+            sh(&wall, &work, &format!("cat {0}/kept.txt; echo y > {0}/kept.txt", ro.display()));
+        assert!(!ok && out.starts_with("kept") && out.contains("Permission denied"), "{out}");
+        let (ok, out) = sh(&wall, &work, "echo quiet > /dev/null && echo fine");
+        assert!(ok && out.contains("fine"), "{out}");
+        assert!(
+            !elsewhere.join("out.txt").exists() && !elsewhere.join("through-link.txt").exists()
+        );
+        assert_eq!(std::fs::read_to_string(ro.join("kept.txt")).unwrap(), "kept");
+        // TCP: the allowed port connects, any other is refused by the kernel.
+        let connect = |port: u16| {
+            format!(
+                "python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {port}))' \
+                 && echo connected"
+            )
+        };
+        let (ok, out) = sh(&wall, &work, &connect(open_port));
+        assert!(ok && out.contains("connected"), "{out}");
+        let (ok, out) = sh(&wall, &work, &connect(closed_port));
+        assert!(!ok && out.contains("Permission denied"), "{out}");
+        drop(listener);
+    }
+}

@@ -1,0 +1,238 @@
+//! The way out of a wall without network: an HTTP proxy the worker owns, on a loopback port,
+//! the only TCP port such a wall lets the agent connect to. It forwards to the model provider's
+//! hosts and nowhere else (`CONNECT host:port` for HTTPS, an absolute-form request for plain
+//! HTTP), so the agent reaches its model while its commands, which inherit the same wall and
+//! the same proxy variables, reach nothing else. The agents are pointed at it with the
+//! standard `HTTPS_PROXY`/`HTTP_PROXY` variables.
+
+use std::sync::Arc;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// The longest request head the proxy reads before refusing.
+const MAX_HEAD: usize = 16 * 1024;
+
+/// A `host:port` the proxy forwards to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Host {
+    pub name: String,
+    pub port: u16,
+}
+
+impl Host {
+    /// The host of an `http://` or `https://` URL, with its port (the scheme's by default).
+    pub fn of_url(url: &str) -> Option<Host> {
+        let (scheme, rest) = url.split_once("://")?;
+        let default = match scheme.to_ascii_lowercase().as_str() {
+            "http" => 80,
+            "https" => 443,
+            _ => return None,
+        };
+        let authority = rest.split(['/', '?', '#']).next()?;
+        let authority = authority.rsplit('@').next()?;
+        Host::parse(authority, default)
+    }
+
+    /// `name[:port]`, with `default` when no port is given.
+    pub fn parse(authority: &str, default: u16) -> Option<Host> {
+        let (name, port) = match authority.rsplit_once(':') {
+            Some((n, p)) if !n.ends_with(':') && p.chars().all(|c| c.is_ascii_digit()) => {
+                (n, p.parse().ok()?)
+            }
+            _ => (authority, default),
+        };
+        let name = name.trim_start_matches('[').trim_end_matches(']').to_ascii_lowercase();
+        (!name.is_empty()).then_some(Host { name, port })
+    }
+}
+
+impl std::fmt::Display for Host {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.name, self.port)
+    }
+}
+
+/// The running proxy: its port, and the hosts it forwards to.
+pub struct Proxy {
+    pub port: u16,
+    pub allowed: Arc<Vec<Host>>,
+}
+
+impl Proxy {
+    /// Starts the proxy on a free loopback port; it runs until the runtime stops.
+    pub async fn start(allowed: Vec<Host>) -> std::io::Result<Proxy> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let port = listener.local_addr()?.port();
+        let allowed = Arc::new(allowed);
+        let hosts = allowed.clone();
+        tokio::spawn(async move {
+            while let Ok((conn, _)) = listener.accept().await {
+                let hosts = hosts.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = serve(conn, &hosts).await {
+                        tracing::debug!(error = %e, "a proxied connection ended");
+                    }
+                });
+            }
+        });
+        Ok(Proxy { port, allowed })
+    }
+
+    /// The environment that sends an agent's HTTP through the proxy.
+    pub fn env(&self) -> Vec<(String, String)> {
+        let url = format!("http://127.0.0.1:{}", self.port);
+        ["HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy", "ALL_PROXY", "all_proxy"]
+            .iter()
+            .map(|k| (k.to_string(), url.clone()))
+            // Nothing bypasses it: a bypassed host would be refused by the wall anyway.
+            .chain(["NO_PROXY", "no_proxy"].iter().map(|k| (k.to_string(), String::new())))
+            .collect()
+    }
+}
+
+/// One client connection: its first request decides where it goes, or that it goes nowhere.
+async fn serve(mut conn: TcpStream, allowed: &[Host]) -> std::io::Result<()> {
+    let mut head = Vec::with_capacity(1024);
+    let end = loop {
+        let mut buf = [0u8; 2048];
+        let n = conn.read(&mut buf).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        head.extend_from_slice(&buf[..n]);
+        if let Some(at) = find(&head, b"\r\n\r\n") {
+            break at + 4;
+        }
+        if head.len() > MAX_HEAD {
+            return refuse(&mut conn, 431, "the request head is too large").await;
+        }
+    };
+    let text = String::from_utf8_lossy(&head[..end]).into_owned();
+    let line = text.lines().next().unwrap_or_default();
+    let mut words = line.split(' ');
+    let (method, target, version) =
+        (words.next().unwrap_or(""), words.next().unwrap_or(""), words.next().unwrap_or(""));
+    let (host, rewritten) = if method.eq_ignore_ascii_case("CONNECT") {
+        (Host::parse(target, 443), None)
+    } else {
+        match Host::of_url(target) {
+            Some(h) if target.starts_with("http://") => {
+                let path_at = target["http://".len()..].find('/').map(|i| i + "http://".len());
+                let path = path_at.map_or("/", |i| &target[i..]);
+                let first = format!("{method} {path} {version}");
+                (Some(h), Some(text.replacen(line, &first, 1)))
+            }
+            _ => (None, None),
+        }
+    };
+    let Some(host) = host else {
+        return refuse(&mut conn, 400, "this proxy takes CONNECT or an absolute http:// URL").await;
+    };
+    if !allowed.contains(&host) {
+        tracing::info!(%host, "the sandbox's proxy refused a host that is not the model provider");
+        let why = format!(
+            "{host} is outside the sandbox: a task without network reaches only its model \
+             provider ([sandbox] model_hosts)"
+        );
+        return refuse(&mut conn, 403, &why).await;
+    }
+    let mut upstream = match TcpStream::connect((host.name.as_str(), host.port)).await {
+        Ok(u) => u,
+        Err(e) => return refuse(&mut conn, 502, &format!("cannot reach {host}: {e}")).await,
+    };
+    match rewritten {
+        None => conn.write_all(b"HTTP/1.1 200 Connection Established\r\n\r\n").await?,
+        Some(first) => upstream.write_all(first.as_bytes()).await?,
+    }
+    upstream.write_all(&head[end..]).await?;
+    tokio::io::copy_bidirectional(&mut conn, &mut upstream).await?;
+    Ok(())
+}
+
+async fn refuse(conn: &mut TcpStream, status: u16, why: &str) -> std::io::Result<()> {
+    let reason = match status {
+        400 => "Bad Request",
+        403 => "Forbidden",
+        431 => "Request Header Fields Too Large",
+        _ => "Bad Gateway",
+    };
+    let body = format!("{why}\n");
+    let reply = format!(
+        "HTTP/1.1 {status} {reason}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\
+         connection: close\r\n\r\n{body}",
+        body.len()
+    );
+    conn.write_all(reply.as_bytes()).await?;
+    conn.shutdown().await
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_are_read_from_urls_and_authorities_with_the_schemes_port() {
+        let h = |n: &str, p| Some(Host { name: n.into(), port: p });
+        assert_eq!(Host::of_url("https://api.anthropic.com/v1"), h("api.anthropic.com", 443));
+        assert_eq!(Host::of_url("http://127.0.0.1:8080/v1?x"), h("127.0.0.1", 8080));
+        assert_eq!(Host::of_url("HTTP://User:pw@Example.COM"), h("example.com", 80));
+        assert_eq!(Host::of_url("ftp://x"), None);
+        assert_eq!(Host::parse("[::1]:9", 443), h("::1", 9));
+        assert_eq!(Host::parse("host", 443), h("host", 443));
+        assert_eq!(Host::parse("", 443), None);
+    }
+
+    async fn ask(port: u16, request: &str) -> String {
+        let mut c = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        c.write_all(request.as_bytes()).await.unwrap();
+        let mut out = String::new();
+        c.read_to_string(&mut out).await.unwrap();
+        out
+    }
+
+    #[tokio::test]
+    async fn the_proxy_forwards_to_the_model_host_and_refuses_any_other() {
+        let upstream = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let up = upstream.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((mut c, _)) = upstream.accept().await {
+                let mut buf = vec![0u8; 4096];
+                let n = c.read(&mut buf).await.unwrap();
+                let got = String::from_utf8_lossy(&buf[..n]).into_owned();
+                let first = got.lines().next().unwrap_or_default().to_owned();
+                let body = format!("saw {first}");
+                let reply =
+                    format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}", body.len());
+                c.write_all(reply.as_bytes()).await.unwrap();
+            }
+        });
+        let proxy = Proxy::start(vec![Host { name: "127.0.0.1".into(), port: up }]).await.unwrap();
+        let plain = ask(
+            proxy.port,
+            &format!("GET http://127.0.0.1:{up}/v1/messages HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"),
+        )
+        .await;
+        assert!(plain.ends_with("saw GET /v1/messages HTTP/1.1"), "{plain}");
+        let tunnel = ask(
+            proxy.port,
+            &format!("CONNECT 127.0.0.1:{up} HTTP/1.1\r\n\r\nGET /t HTTP/1.1\r\n\r\n"),
+        )
+        .await;
+        assert!(tunnel.starts_with("HTTP/1.1 200 Connection Established"), "{tunnel}");
+        assert!(tunnel.ends_with("saw GET /t HTTP/1.1"), "{tunnel}");
+        let other = ask(proxy.port, "CONNECT example.com:443 HTTP/1.1\r\n\r\n").await;
+        assert!(other.starts_with("HTTP/1.1 403") && other.contains("example.com:443"), "{other}");
+        let port = up.wrapping_add(1);
+        let near = ask(proxy.port, &format!("GET http://127.0.0.1:{port}/ HTTP/1.1\r\n\r\n")).await;
+        assert!(near.starts_with("HTTP/1.1 403"), "another port of the same host: {near}");
+        let bad = ask(proxy.port, "GET /relative HTTP/1.1\r\n\r\n").await;
+        assert!(bad.starts_with("HTTP/1.1 400"), "{bad}");
+        let env = proxy.env();
+        assert!(env.contains(&("HTTPS_PROXY".into(), format!("http://127.0.0.1:{}", proxy.port))));
+        assert!(env.contains(&("NO_PROXY".into(), String::new())));
+    }
+}
