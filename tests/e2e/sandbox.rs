@@ -34,6 +34,13 @@ struct Probe {
 
 impl Probe {
     fn commit(env: &mut Env) -> Probe {
+        // A kernel without what the wall needs fails here, saying so, never skips.
+        let kernel = worker::sandbox::Kernel::probe();
+        assert!(
+            kernel.walls() && kernel.tcp_rules(),
+            "these tests need Landlock with TCP rules (Linux 6.7+, ABI 4): {}",
+            kernel.describe()
+        );
         // The world's scratch directory is where `outside` is: nothing there is the agent's.
         env.scratch_writable = false;
         let outside = env.dir.path().join("outside");

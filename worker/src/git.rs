@@ -960,6 +960,21 @@ pub(crate) mod tests {
         assert!(ok, "git {args:?}");
     }
 
+    #[test]
+    fn a_worktrees_git_directories_are_its_admin_directory_and_the_shared_objects() {
+        let r = repo();
+        let base = resolve_repo(r.path(), None).unwrap().base;
+        let wt = tempfile::tempdir().unwrap();
+        let dir = wt.path().join("task-4");
+        prepare_worktree(r.path(), &base, 4, None, &dir, None).unwrap();
+        let common = common_dir(r.path()).unwrap();
+        assert!(same_path(&common, &r.path().join(".git")), "{}", common.display());
+        let (admin, objects) = worktree_git_dirs(&dir).unwrap();
+        assert!(admin.starts_with(common.join("worktrees")) && admin.join("HEAD").is_file());
+        assert!(same_path(&objects, &common.join("objects")), "{}", objects.display());
+        assert!(common_dir(wt.path()).is_err(), "not a repository");
+    }
+
     fn repo() -> tempfile::TempDir {
         let d = tempfile::tempdir().unwrap();
         git(d.path(), &["init", "-q", "-b", "main"]);

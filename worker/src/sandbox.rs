@@ -331,13 +331,12 @@ impl Wall {
 }
 
 /// The access rights that apply to a file (not a directory) on `abi`.
+/// (Not `IoctlDev`: no wall handles it, see [`Wall::build`].)
 fn file_access(abi: ABI) -> BitFlags<AccessFs> {
-    let mut f = AccessFs::Execute | AccessFs::WriteFile | AccessFs::ReadFile;
+    let mut f: BitFlags<AccessFs> =
+        [AccessFs::Execute, AccessFs::WriteFile, AccessFs::ReadFile].into_iter().collect();
     if abi >= ABI::V3 {
         f |= AccessFs::Truncate;
-    }
-    if abi >= ABI::V5 {
-        f |= AccessFs::IoctlDev;
     }
     f
 }
@@ -395,6 +394,8 @@ mod tests {
         std::fs::write(r.join("a/file"), "x").unwrap();
         std::os::unix::fs::symlink(r.join("a/b/secret"), r.join("to-secret")).unwrap();
         std::os::unix::fs::symlink(r.join("d"), r.join("to-d")).unwrap();
+        // A link to a directory the hidden one is in would show it too.
+        std::os::unix::fs::symlink(r.join("a/b"), r.join("to-b")).unwrap();
         let mut out = Vec::new();
         readable_parts(&r, &[r.join("a/b/secret")], &mut out);
         out.sort();
@@ -431,7 +432,9 @@ mod tests {
     #[test]
     fn a_kernel_without_landlock_or_tcp_rules_says_what_it_cannot_hold() {
         let none = Kernel { landlock_abi: 0 };
-        assert!(none.cannot_hold(Rule::Readonly).unwrap().contains("no Landlock"));
+        let readonly = none.cannot_hold(Rule::Readonly).unwrap();
+        assert!(readonly.contains("no Landlock") && readonly.contains("read-only task"));
+        assert!(none.cannot_hold(Rule::NoNetwork).unwrap().contains("a task without network"));
         let old = Kernel { landlock_abi: 3 };
         assert_eq!(old.cannot_hold(Rule::Readonly), None);
         let e = old.cannot_hold(Rule::NoNetwork).unwrap();
@@ -456,6 +459,9 @@ mod tests {
             std::fs::create_dir_all(d).unwrap();
         }
         std::fs::write(home.join("taskbridge.db"), "secret").unwrap();
+        // A file of its own the wall lets the agent rewrite (the bridge's database, say).
+        let own_file = elsewhere.join("allowed.txt");
+        std::fs::write(&own_file, "old").unwrap();
         std::fs::write(ro.join("kept.txt"), "kept").unwrap();
         std::os::unix::fs::symlink(&elsewhere, work.join("esc")).unwrap();
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -464,7 +470,7 @@ mod tests {
             (listener.local_addr().unwrap().port(), open.local_addr().unwrap().port());
         let wall = Arc::new(
             Wall::build(&Policy {
-                write: vec![work.clone()],
+                write: vec![work.clone(), own_file.clone()],
                 read: vec![ro.clone()],
                 hidden: vec![home.clone()],
                 connect_only: Some(vec![open_port]),
@@ -485,6 +491,25 @@ mod tests {
         assert!(!ok && out.starts_with("kept") && out.contains("Permission denied"), "{out}");
         let (ok, out) = sh(&wall, &work, "echo quiet > /dev/null && echo fine");
         assert!(ok && out.contains("fine"), "{out}");
+        // Rewritten in place: truncating a file the wall allows is allowed too.
+        let (ok, out) = sh(&wall, &work, &format!("echo new > {}", own_file.display()));
+        assert!(ok, "{out}");
+        assert_eq!(std::fs::read_to_string(&own_file).unwrap(), "new\n");
+        // Signals stay inside: this test's process is outside the wall, the shell itself is in.
+        let (ok, out) =
+            sh(&wall, &work, &format!("kill -0 {} || exit 1; echo", std::process::id()));
+        assert!(!ok && out.contains("not permitted"), "{out}");
+        assert!(sh(&wall, &work, "kill -0 $$").0);
+        assert_eq!((wall.abi(), wall.network()), (kernel.landlock_abi, true));
+        // The same wall raised in a tokio command, as the worker spawns agents.
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let mut cmd = tokio::process::Command::new("sh");
+        cmd.arg("-c").arg(format!("echo x > {}/tokio.txt", elsewhere.display()));
+        wall.raise(&mut cmd);
+        let status = rt.block_on(async { cmd.status().await.unwrap() });
+        assert!(!status.success() && !elsewhere.join("tokio.txt").exists());
+        let fs_only = Wall::build(&Policy { write: vec![work.clone()], ..Policy::default() });
+        assert!(!fs_only.unwrap().network(), "no TCP rules without connect_only");
         assert!(
             !elsewhere.join("out.txt").exists() && !elsewhere.join("through-link.txt").exists()
         );

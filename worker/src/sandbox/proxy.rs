@@ -183,6 +183,8 @@ mod tests {
         assert_eq!(Host::of_url("ftp://x"), None);
         assert_eq!(Host::parse("[::1]:9", 443), h("::1", 9));
         assert_eq!(Host::parse("host", 443), h("host", 443));
+        // A bare IPv6 address ends in a group, not a port.
+        assert_eq!(Host::parse("::1", 443), h("::1", 443));
         assert_eq!(Host::parse("", 443), None);
     }
 
@@ -225,12 +227,42 @@ mod tests {
         assert!(tunnel.starts_with("HTTP/1.1 200 Connection Established"), "{tunnel}");
         assert!(tunnel.ends_with("saw GET /t HTTP/1.1"), "{tunnel}");
         let other = ask(proxy.port, "CONNECT example.com:443 HTTP/1.1\r\n\r\n").await;
-        assert!(other.starts_with("HTTP/1.1 403") && other.contains("example.com:443"), "{other}");
+        assert!(
+            other.starts_with("HTTP/1.1 403 Forbidden\r\n") && other.contains("example.com:443"),
+            "{other}"
+        );
         let port = up.wrapping_add(1);
         let near = ask(proxy.port, &format!("GET http://127.0.0.1:{port}/ HTTP/1.1\r\n\r\n")).await;
-        assert!(near.starts_with("HTTP/1.1 403"), "another port of the same host: {near}");
+        assert!(
+            near.starts_with("HTTP/1.1 403 Forbidden\r\n"),
+            "another port of the same host: {near}"
+        );
         let bad = ask(proxy.port, "GET /relative HTTP/1.1\r\n\r\n").await;
-        assert!(bad.starts_with("HTTP/1.1 400"), "{bad}");
+        assert!(bad.starts_with("HTTP/1.1 400 Bad Request\r\n"), "{bad}");
+        // HTTPS goes through CONNECT: an absolute https:// URL is not forwarded in the clear.
+        let clear =
+            ask(proxy.port, &format!("GET https://127.0.0.1:{up}/x HTTP/1.1\r\n\r\n")).await;
+        assert!(clear.starts_with("HTTP/1.1 400 Bad Request\r\n"), "{clear}");
+        // Heads as large as an agent's (8 KB of headers) pass; one past 16 KB is refused.
+        let cookie = "c".repeat(8 * 1024);
+        let large = format!("GET http://127.0.0.1:{up}/big HTTP/1.1\r\nx: {cookie}\r\n\r\n");
+        // In two writes: a head that arrives in parts is read to its end.
+        let (head, end) = large.split_at(large.len() - 4);
+        let mut c = TcpStream::connect(("127.0.0.1", proxy.port)).await.unwrap();
+        c.write_all(head.as_bytes()).await.unwrap();
+        c.flush().await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        c.write_all(end.as_bytes()).await.unwrap();
+        let mut large = String::new();
+        c.read_to_string(&mut large).await.unwrap();
+        assert!(large.ends_with("saw GET /big HTTP/1.1"), "{}", &large[..large.len().min(200)]);
+        let endless = format!("GET http://127.0.0.1:{up}/ HTTP/1.1\r\nx: {}", "c".repeat(20_000));
+        let endless = ask(proxy.port, &endless).await;
+        assert!(
+            endless.starts_with("HTTP/1.1 431 Request Header Fields Too Large\r\n"),
+            "{}",
+            &endless[..endless.len().min(200)]
+        );
         let env = proxy.env();
         assert!(env.contains(&("HTTPS_PROXY".into(), format!("http://127.0.0.1:{}", proxy.port))));
         assert!(env.contains(&("NO_PROXY".into(), String::new())));
