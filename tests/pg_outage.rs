@@ -80,7 +80,13 @@ fn workers_ride_out_a_server_restart_and_every_task_ends_done_once() {
     let env = Env::new().on_postgres();
     let (agent, runs) = recording_agent(&env, 0.3);
     let ids: Vec<i64> = (0..16).map(|i| env.submit(&[&format!("task {i}")])).collect();
-    let other = env.sharing_queue();
+    // The other world's worker runs this world's stand-in, which records in this world's
+    // directory: its wall lets it.
+    let mut other = env.sharing_queue();
+    other.scratch_writable = false;
+    let both = std::env::join_paths([env.dir.path(), other.dir.path()]).unwrap();
+    let both = both.to_string_lossy().into_owned();
+    other.extra_env.push(("TASKBRIDGE_SANDBOX_WRITABLE".into(), both));
     let _w1 = worker(&env, &agent);
     let _w2 = worker(&other, &agent);
     // Restart while tasks are claimed, running and finishing: once the first agents run, and
