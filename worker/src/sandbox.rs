@@ -123,6 +123,16 @@ impl Kernel {
         None
     }
 
+    /// Of a task's `readonly` and `no_network`, those asked for that this kernel cannot hold:
+    /// the flag's name and why. Submit and the run refuse (or warn) by the same rule.
+    pub fn unheld(&self, readonly: bool, no_network: bool) -> Vec<(&'static str, String)> {
+        [(readonly, Rule::Readonly, "readonly"), (no_network, Rule::NoNetwork, "no_network")]
+            .into_iter()
+            .filter(|(asked, ..)| *asked)
+            .filter_map(|(_, rule, flag)| Some((flag, self.cannot_hold(rule)?)))
+            .collect()
+    }
+
     /// The `doctor` line.
     pub fn describe(&self) -> String {
         if !self.walls() {

@@ -254,18 +254,12 @@ fn check_sandbox(
     mode: crate::sandbox::Mode,
     kernel: crate::sandbox::Kernel,
 ) -> Result<Vec<String>> {
-    use crate::sandbox::{Mode, Rule};
+    use crate::sandbox::Mode;
     if mode == Mode::Off {
         return Ok(vec![]);
     }
-    let asked = [
-        (spec.readonly, Rule::Readonly, "readonly"),
-        (spec.no_network, Rule::NoNetwork, "no_network"),
-    ];
     let mut warnings = Vec::new();
-    for (why, flag) in
-        asked.iter().filter(|a| a.0).filter_map(|a| Some((kernel.cannot_hold(a.1)?, a.2)))
-    {
+    for (flag, why) in kernel.unheld(spec.readonly, spec.no_network) {
         if mode == Mode::Enforce {
             return Err(crate::Error::Config(format!(
                 "refused {flag}: {why}; submit it where the kernel can, or set [sandbox] mode = \

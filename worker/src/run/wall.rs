@@ -68,12 +68,8 @@ impl Worker {
             return Ok(Walled { held: Held { missing, ..Held::default() }, ..Walled::default() });
         }
         let kernel = Kernel::probe();
-        let rules = [(task.readonly, Rule::Readonly), (task.no_network, Rule::NoNetwork)];
-        let unheld: Vec<String> = rules
-            .iter()
-            .filter(|(on, _)| *on)
-            .filter_map(|(_, r)| kernel.cannot_hold(*r))
-            .collect();
+        let unheld: Vec<String> =
+            kernel.unheld(task.readonly, task.no_network).into_iter().map(|(_, why)| why).collect();
         if !unheld.is_empty() && mode == Mode::Enforce {
             let error = format!(
                 "refused: {} (run it on a host whose kernel can, or set [sandbox] mode = \
@@ -231,12 +227,7 @@ impl Worker {
             return Vec::new();
         }
         match self.store.location() {
-            queue::Location::Sqlite(db) => {
-                let name = db.file_name().unwrap_or_default().to_string_lossy().into_owned();
-                let mut files = vec![db.clone()];
-                files.extend(["-wal", "-shm"].map(|s| db.with_file_name(format!("{name}{s}"))));
-                files
-            }
+            queue::Location::Sqlite(db) => sqlite_files(db, &["-wal", "-shm"]),
             location => vec![self.home.db_url_file(location)],
         }
     }
@@ -246,11 +237,7 @@ impl Worker {
     pub(crate) fn hidden(&self) -> Vec<PathBuf> {
         let mut hidden = vec![self.home.root().to_path_buf()];
         if let queue::Location::Sqlite(db) = self.store.location() {
-            let name = db.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-            hidden.push(db.clone());
-            for suffix in ["-wal", "-shm", "-journal"] {
-                hidden.push(db.with_file_name(format!("{name}{suffix}")));
-            }
+            hidden.extend(sqlite_files(db, &["-wal", "-shm", "-journal"]));
         }
         hidden
     }
@@ -265,6 +252,13 @@ impl Worker {
             })
             .await
     }
+}
+
+/// A SQLite database and the files SQLite keeps beside it (`<db>-wal`, ...).
+fn sqlite_files(db: &Path, suffixes: &[&str]) -> Vec<PathBuf> {
+    let name = db.file_name().unwrap_or_default().to_string_lossy().into_owned();
+    let beside = suffixes.iter().map(|s| db.with_file_name(format!("{name}{s}")));
+    std::iter::once(db.to_path_buf()).chain(beside).collect()
 }
 
 /// Hosts of the model providers the agents use, as far as the worker can tell: the well-known
