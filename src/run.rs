@@ -96,6 +96,7 @@ pub async fn long_running(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode
         Command::Mcp { worker: emb } => {
             let embedded = embedded(&ctx, &emb, shutdown.clone())?;
             let server = mcp_server(&ctx, &emb, embedded.as_ref())?;
+            server.ask_outside_calls();
             let result = mcp::serve_stdio(server.clone(), shutdown.clone()).await;
             server.shutdown();
             shutdown.cancel();

@@ -10,6 +10,7 @@
 //! meet only through the queue database.
 
 pub mod bridge;
+mod decisions;
 pub mod error;
 pub mod http;
 pub mod params;
@@ -17,7 +18,9 @@ pub mod replies;
 pub mod server;
 pub mod sessions;
 pub mod task_args;
+mod task_ext;
 pub mod tools;
+mod waiting;
 
 pub use bridge::ClaudeBridge;
 pub use error::{Error, Result};

@@ -74,6 +74,10 @@ pub struct WaitTask {
     pub question: Option<String>,
     pub ask: Option<Ask>,
     pub error: Option<String>,
+    /// When TaskBridge put this task's decision to the client itself (elicitation): what came
+    /// of it (`answered`, or declined, cancelled, not answered: then answer with answer_task).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub asked: Option<String>,
 }
 
 impl WaitTask {
@@ -85,8 +89,22 @@ impl WaitTask {
             question: t.question.clone(),
             ask: t.ask.clone(),
             error: t.error.clone(),
+            asked: None,
         }
     }
+}
+
+/// `run_task` for a client without MCP Tasks: the task's state when it finished, asked a
+/// question, or the wait ran out (then `timed_out`; go on with wait_for).
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct RunReply {
+    pub task_id: i64,
+    /// `blocked` for a queued task with unfinished dependencies, else its state.
+    pub status: String,
+    pub timed_out: bool,
+    pub task: WaitTask,
+    /// What get_task_result returns, once the task is done or failed.
+    pub result: Option<ResultReply>,
 }
 
 /// `list_tasks`: a page of tasks, newest first.

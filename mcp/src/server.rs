@@ -18,10 +18,10 @@ const INSTRUCTIONS: &str = "TaskBridge runs coding tasks with OpenCode, headless
 git worktree and branch of a local repository. Workflow: submit_task (or submit_batch for several, \
 with depends_on) -> wait_for with the task ids (it returns early when a task finishes or asks a \
 question; call it again while tasks are pending) -> get_task_result for the summary, files \
-touched, tests run, diff and cost. When a task is `waiting`, read its question (get_task or \
-wait_for) and reply with answer_task: the same agent session resumes with your answer. Use \
-get_task_logs to follow a running task, add_task_note to add guidance, cancel_task and retry_task \
-to steer. Task failures are reported in the result's `error`, not as tool errors.";
+touched, tests run, diff and cost (run_task does submit_task and wait_for in one call). When a \
+task is `waiting`, read its question (get_task or wait_for) and reply with answer_task: the same \
+agent session resumes with your answer. Use get_task_logs to follow a running task, add_task_note \
+to add guidance, cancel_task and retry_task to steer. Task failures are reported in the result's `error`, not as tool errors.";
 
 struct Inner {
     store: Arc<Store>,
@@ -37,6 +37,23 @@ struct Inner {
     restarted: Mutex<Option<RunningWorker>>,
     repo_roots: std::sync::OnceLock<Vec<PathBuf>>,
     shutdown: CancellationToken,
+    /// Decisions already put to a client (`Decision::key`): each is asked once, by whichever
+    /// call sees it first, and never again after a decline.
+    asked: Mutex<std::collections::HashSet<String>>,
+    /// Whether the transport delivers a request of the server's own outside any call (stdio
+    /// does; a Streamable HTTP client may never open the stream it would go on).
+    asks_outside_calls: std::sync::atomic::AtomicBool,
+    /// `wait_for` and `run_task` calls waiting now.
+    waits: std::sync::atomic::AtomicUsize,
+}
+
+/// A call counted in [`TaskBridge::waiting_calls`].
+pub(crate) struct WaitGuard(Arc<Inner>);
+
+impl Drop for WaitGuard {
+    fn drop(&mut self) {
+        self.0.waits.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 /// The MCP handler. Cheap to clone: rmcp creates one per HTTP session.
@@ -77,6 +94,9 @@ impl TaskBridge {
                 restarted: Mutex::new(None),
                 repo_roots: std::sync::OnceLock::new(),
                 shutdown: CancellationToken::new(),
+                asked: Mutex::new(Default::default()),
+                asks_outside_calls: Default::default(),
+                waits: Default::default(),
             }),
         }
     }
@@ -108,9 +128,39 @@ impl TaskBridge {
         self.inner.changes.subscribe()
     }
 
-    /// `wait_for` calls in progress (each holds a subscription to the queue's changes).
+    /// Whether decision `key` is put to a client now: true the first time only.
+    pub(crate) fn first_ask(&self, key: &str) -> bool {
+        self.inner.asked.lock().unwrap_or_else(|e| e.into_inner()).insert(key.to_owned())
+    }
+
+    /// Whether decision `key` was put to a client already.
+    pub(crate) fn was_asked(&self, key: &str) -> bool {
+        self.inner.asked.lock().unwrap_or_else(|e| e.into_inner()).contains(key)
+    }
+
+    /// `wait_for` and `run_task` calls waiting now.
     pub fn waiting_calls(&self) -> usize {
-        self.inner.changes.receiver_count()
+        self.inner.waits.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Counts a call as waiting until the guard is dropped.
+    pub(crate) fn wait_guard(&self) -> WaitGuard {
+        self.inner.waits.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        WaitGuard(self.inner.clone())
+    }
+
+    /// Lets the server put a decision to the client that submitted its task after the call
+    /// returned: for a transport that always delivers the server's own requests (stdio).
+    pub fn ask_outside_calls(&self) {
+        self.inner.asks_outside_calls.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub(crate) fn asks_outside_calls(&self) -> bool {
+        self.inner.asks_outside_calls.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    pub(crate) fn shutdown_token(&self) -> CancellationToken {
+        self.inner.shutdown.clone()
     }
 
     /// Refuses a submit whose repository is not under a root. What counts is the repository
@@ -324,8 +374,32 @@ impl ServerHandler for TaskBridge {
         ROUTER.call(tcc).await
     }
 
+    async fn get_task(
+        &self,
+        request: rmcp::model::GetTaskParams,
+        context: rmcp::service::RequestContext<rmcp::RoleServer>,
+    ) -> Result<rmcp::model::GetTaskResult, ErrorData> {
+        self.get_mcp_task(request, context).await
+    }
+
+    async fn update_task(
+        &self,
+        request: rmcp::model::UpdateTaskParams,
+        context: rmcp::service::RequestContext<rmcp::RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.update_mcp_task(request, context).await
+    }
+
+    async fn cancel_task(
+        &self,
+        request: rmcp::model::CancelTaskParams,
+        context: rmcp::service::RequestContext<rmcp::RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.cancel_mcp_task(request, context).await
+    }
+
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().enable_tasks().build())
             .with_server_info(Implementation::new("taskbridge", env!("CARGO_PKG_VERSION")))
             .with_instructions(INSTRUCTIONS)
     }

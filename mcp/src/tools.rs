@@ -4,12 +4,17 @@
 use crate::params::Parameters;
 use crate::replies::{
     BatchReply, ClearReply, DefaultModelReply, ListReply, ListedTask, LogsReply, ModelsReply,
-    PingReply, RestartReply, ResultReply, TaskReply, WaitReply, WaitTask, WorkersReply,
+    PingReply, RestartReply, ResultReply, RunReply, TaskReply, WaitReply, WorkersReply,
 };
 use crate::server::{TaskBridge, ToolResult, ok, refuse};
+use crate::waiting::Waited;
 use queue::{DepRef, ListFilter, StatusFilter, TaskId, TaskStatus};
 use rmcp::handler::server::tool::schema_for_output;
+use rmcp::handler::server::tool::{InputResponses, RequestState};
+use rmcp::model::CallToolResponse;
 use rmcp::schemars::{self, JsonSchema};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer};
 use rmcp::{tool, tool_router};
 use serde::Deserialize;
 use std::path::PathBuf;
@@ -211,7 +216,11 @@ fn field_error(field: &str, message: impl std::fmt::Display) -> ToolResult {
 impl TaskBridge {
     /// `args` as a request, its repository under the server's roots and its dependencies
     /// resolved (`index`: its place in a batch, for the error).
-    fn request<D>(&self, args: TaskArgs<D>, index: usize) -> Result<SubmitRequest, String>
+    pub(crate) fn request<D>(
+        &self,
+        args: TaskArgs<D>,
+        index: usize,
+    ) -> Result<SubmitRequest, String>
     where
         D: Clone + Send + Sync + std::str::FromStr + Into<BatchDep> + 'static,
         <D as std::str::FromStr>::Err: std::error::Error + Send + Sync + 'static,
@@ -264,7 +273,11 @@ impl TaskBridge {
     #[tool(
         output_schema = schema_for_output::<TaskReply>(),
         annotations(title = "Submit a task", read_only_hint = false, idempotent_hint = false))]
-    async fn submit_task(&self, Parameters(args): Parameters<SubmitTaskArgs>) -> ToolResult {
+    async fn submit_task(
+        &self,
+        Parameters(args): Parameters<SubmitTaskArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> ToolResult {
         let req = match self.request(args, 0) {
             Ok(r) => r,
             Err(e) => return refuse(e),
@@ -272,7 +285,10 @@ impl TaskBridge {
         let (cwd, cfg) = (self.cwd().to_path_buf(), self.worker_config().clone());
         match self.blocking(move |s| worker::submit(s, &cwd, &cfg, req)).await {
             // Said, not refused: no worker alive to run it, a model that could not be checked.
-            Ok((task, created, warnings)) => ok(TaskReply::submitted(&task, created, warnings)),
+            Ok((task, created, warnings)) => {
+                self.ask_submitter(vec![task.id.0], &ctx);
+                ok(TaskReply::submitted(&task, created, warnings))
+            }
             Err(e) => self.fail(e),
         }
     }
@@ -282,7 +298,11 @@ impl TaskBridge {
     #[tool(
         output_schema = schema_for_output::<BatchReply>(),
         annotations(title = "Submit several tasks", read_only_hint = false))]
-    async fn submit_batch(&self, Parameters(args): Parameters<SubmitBatchArgs>) -> ToolResult {
+    async fn submit_batch(
+        &self,
+        Parameters(args): Parameters<SubmitBatchArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> ToolResult {
         if args.tasks.is_empty() || args.tasks.len() > MAX_BATCH {
             return field_error(
                 "tasks",
@@ -299,17 +319,20 @@ impl TaskBridge {
         let (cwd, cfg) = (self.cwd().to_path_buf(), self.worker_config().clone());
         let shared = queue::Budget { max_cost_usd: args.max_cost_usd, max_tokens: args.max_tokens };
         match self.blocking(move |s| worker::submit_batch(s, &cwd, &cfg, reqs, shared)).await {
-            Ok(out) => ok(BatchReply {
-                tasks: out
-                    .tasks
-                    .iter()
-                    .map(|(t, created)| TaskReply {
-                        created: Some(*created),
-                        ..TaskReply::of(t, false)
-                    })
-                    .collect(),
-                warnings: out.warnings,
-            }),
+            Ok(out) => {
+                self.ask_submitter(out.tasks.iter().map(|(t, _)| t.id.0).collect(), &ctx);
+                ok(BatchReply {
+                    tasks: out
+                        .tasks
+                        .iter()
+                        .map(|(t, created)| TaskReply {
+                            created: Some(*created),
+                            ..TaskReply::of(t, false)
+                        })
+                        .collect(),
+                    warnings: out.warnings,
+                })
+            }
             Err(e) => self.fail(e),
         }
     }
@@ -401,13 +424,20 @@ impl TaskBridge {
         }
     }
 
-    /// Wait until tasks finish or ask a question: mode any (default) or all, up to timeout_s
+    /// Wait for tasks to finish or ask a question: mode any (default) or all, up to timeout_s
     /// (default 25, at most 50). Wakes as soon as the queue changes. Returns which tasks are done,
     /// failed, cancelled, waiting (answer them with answer_task) or still pending, and timed_out.
+    /// A client that can ask the person (elicitation) is asked a waiting task's decision
+    /// directly, once; a client that sent a progress token gets a line per change.
     #[tool(
         output_schema = schema_for_output::<WaitReply>(),
         annotations(title = "Wait for tasks", read_only_hint = true))]
-    async fn wait_for(&self, Parameters(args): Parameters<WaitForArgs>) -> ToolResult {
+    async fn wait_for(
+        &self,
+        Parameters(args): Parameters<WaitForArgs>,
+        InputResponses(responses): InputResponses,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
         let timeout = args.timeout_s.unwrap_or(25.0);
         if !(0.0..=MAX_WAIT_S).contains(&timeout) {
             return field_error(
@@ -415,52 +445,37 @@ impl TaskBridge {
                 format!(
                     "{timeout} is out of range; use 0 to {MAX_WAIT_S} seconds (clients drop calls near 60 s; call again to keep waiting)"
                 ),
-            );
+            )
+            .map(Into::into);
         }
         if args.task_ids.is_empty() || args.task_ids.len() > 100 {
-            return field_error("task_ids", "give 1 to 100 task ids");
+            return field_error("task_ids", "give 1 to 100 task ids").map(Into::into);
         }
         let mode = args.mode.unwrap_or(WaitMode::Any);
-        let deadline = tokio::time::Instant::now() + Duration::from_secs_f64(timeout);
-        let mut changes = self.subscribe();
-        loop {
-            // Mark the current version seen before reading, so no change between the read and
-            // the wait is missed.
-            changes.borrow_and_update();
-            let ids = args.task_ids.clone();
-            let tasks = match ids
-                .iter()
-                .map(|&i| self.visible_task(TaskId(i)))
-                .collect::<worker::Result<Vec<_>>>()
-            {
-                Ok(t) => t,
-                Err(e) => return self.fail(e),
-            };
-            let settled =
-                |t: &queue::Task| t.status.is_terminal() || t.status == TaskStatus::Waiting;
-            let met = match mode {
-                WaitMode::Any => tasks.iter().any(settled),
-                WaitMode::All => tasks.iter().all(settled),
-            };
-            let now = tokio::time::Instant::now();
-            if met || now >= deadline {
-                let pick = |st: TaskStatus| -> Vec<i64> {
-                    tasks.iter().filter(|t| t.status == st).map(|t| t.id.0).collect()
-                };
-                let pending: Vec<i64> =
-                    tasks.iter().filter(|t| !settled(t)).map(|t| t.id.0).collect();
-                return ok(WaitReply {
-                    done: pick(TaskStatus::Done),
-                    failed: pick(TaskStatus::Failed),
-                    cancelled: pick(TaskStatus::Cancelled),
-                    waiting: pick(TaskStatus::Waiting),
-                    pending,
-                    timed_out: !met,
-                    tasks: tasks.iter().map(WaitTask::of).collect(),
-                });
-            }
-            let _ = tokio::time::timeout_at(deadline, changes.changed()).await;
+        let timeout = Duration::from_secs_f64(timeout);
+        match self.wait_tasks(&args.task_ids, mode, timeout, &ctx, responses).await {
+            Ok(Waited::Reply(r)) => ok(r).map(Into::into),
+            Ok(Waited::Input(i)) => Ok(i.into()),
+            Err(e) => self.fail(e).map(Into::into),
         }
+    }
+
+    /// Delegate a coding task and see it through: submit_task and wait_for in one call. It
+    /// takes submit_task's arguments. A client that supports MCP Tasks gets a task at once
+    /// (poll it with tasks/get; the MCP task id is the TaskBridge task id); any other waits up
+    /// to 50 s with progress and returns the task's state (as wait_for does) with its result
+    /// when it is done; call wait_for to go on waiting.
+    #[tool(
+        output_schema = schema_for_output::<RunReply>(),
+        annotations(title = "Run a task with OpenCode", read_only_hint = false, idempotent_hint = false))]
+    async fn run_task(
+        &self,
+        Parameters(args): Parameters<SubmitTaskArgs>,
+        InputResponses(responses): InputResponses,
+        RequestState(state): RequestState,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        self.run(args, responses, state, ctx).await
     }
 
     /// Answer a waiting task's question, permission request or budget stop (its `ask` says
@@ -477,8 +492,9 @@ impl TaskBridge {
         if let Err(e) = self.visible_task(TaskId(args.task_id)) {
             return self.fail(e);
         }
-        let by = match ctx.peer.peer_info() {
-            Some(info) => format!("mcp:{}", info.client_info.name),
+        // From the session's handshake, or (2026-07-28, no handshake) from the request itself.
+        let by = match ctx.client_info() {
+            Some(info) => format!("mcp:{}", info.name),
             None => "mcp".to_owned(),
         };
         let answer = args.answer.text();

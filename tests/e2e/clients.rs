@@ -113,3 +113,58 @@ fn claude_p_calls_taskbridges_tools_with_the_flag_the_readme_gives_and_not_witho
     let denied = tool_result("");
     assert!(!denied.contains("workers_alive"), "the tool ran without the flag: {denied}");
 }
+
+/// OpenCode's own MCP client, given TaskBridge's HTTP server as a remote server with the token
+/// header the README's entry carries, connects and its model calls TaskBridge's tools.
+#[test]
+fn opencodes_remote_mcp_client_connects_to_the_http_server_and_calls_its_tools() {
+    let env = Env::new();
+    let mock = MockAnthropic::spawn(vec![
+        Turn::tool("tb_queue_status", json!({})),
+        Turn::text("The queue has no tasks."),
+    ]);
+    let env = env.with_mock(&mock);
+    let (_server, port, _) =
+        start_http(env.cmd().args(["serve", "--listen", "127.0.0.1:0", "--no-worker"]));
+    let token = std::fs::read_to_string(env.home.join("token")).unwrap();
+    let file = env.oc_home.join(".config/opencode/opencode.json");
+    std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+    let entry = json!({"mcp": {"tb": {
+        "type": "remote",
+        "url": format!("http://127.0.0.1:{port}/mcp"),
+        "headers": {"Authorization": format!("Bearer {}", token.trim())},
+    }}});
+    std::fs::write(&file, entry.to_string()).unwrap();
+    let opencode = |args: &[&str]| {
+        Command::new(opencode())
+            .args(args)
+            .envs(env.env_vars())
+            .current_dir(&env.repo)
+            .env("PWD", &env.repo)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let listed = opencode(&["mcp", "list"]);
+    let text = String::from_utf8_lossy(&listed.stdout);
+    let line = text.lines().find(|l| l.contains("tb")).unwrap_or_default().to_owned();
+    assert!(line.contains("connected"), "OpenCode did not connect to the server:\n{text}");
+
+    // A title of its own, so OpenCode asks the model nothing but the turns scripted here.
+    let ran = opencode(&["run", "-m", MODEL, "--title", "Queue", "How many tasks are queued?"]);
+    let said = String::from_utf8_lossy(&ran.stdout);
+    assert!(ran.status.success(), "{said}{}", String::from_utf8_lossy(&ran.stderr));
+    let reqs = mock.requests();
+    let turn = reqs.iter().find(|r| r["tools"].is_array()).expect("OpenCode asked the model");
+    let offered = turn["tools"].to_string();
+    assert!(
+        offered.contains("\"tb_run_task\"") && offered.contains("\"tb_wait_for\""),
+        "{offered}"
+    );
+    // The tool's answer (queue_status's counts) reached the model's next request.
+    let answered =
+        reqs.iter().map(|r| r["messages"].to_string()).find(|m| m.contains("tool_result"));
+    let next = answered.expect("OpenCode gave the model the tool's answer");
+    assert!(next.contains("workers_alive") && next.contains("spend_today"), "{next}");
+    assert!(said.contains("The queue has no tasks."), "{said}");
+}

@@ -10,6 +10,7 @@ mod support;
 
 mod agents;
 mod claude_bridge;
+mod claude_today;
 mod cli;
 mod clients;
 mod config;
@@ -19,6 +20,7 @@ mod doctor;
 mod faults;
 mod hosts;
 mod mcp_python;
+mod mcp_tasks;
 mod paths;
 mod plans;
 mod public;

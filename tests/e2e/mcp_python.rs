@@ -133,3 +133,47 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
     }
     out
 }
+
+/// The agent's questions asked in the client itself: accepted (the same wait sees the task
+/// through, with progress lines), declined (the task waits for answer_task, never asked
+/// again), and asked of the client that submitted the task while no call of its waits.
+#[test]
+fn python_sdk_elicitation_answers_or_declines_a_question_and_progress_follows_the_task() {
+    let env = Env::new();
+    let mut turns = vec![];
+    for (id, file) in [(1, "banner.txt"), (2, "footer.txt"), (3, "header.txt")] {
+        turns.extend([
+            Turn::text(
+                "I need a decision.\n\n```taskbridge-question\nShould it be red or blue?\n```",
+            ),
+            Turn::tool(
+                "write",
+                json!({"filePath": env.worktree(id).join(file), "content": "coloured\n"}),
+            ),
+            Turn::text(
+                "Done.\n```taskbridge-result\n{\"summary\": \"Added it.\", \"tests_run\": []}\n```",
+            ),
+        ]);
+    }
+    let mock = MockAnthropic::spawn(turns);
+    let env = env.with_mock(&mock);
+    let server_env: serde_json::Map<String, serde_json::Value> =
+        env.env_vars().into_iter().map(|(k, v)| (k, json!(v))).collect();
+    let out = Command::new(python())
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/test_elicit.py"))
+        .env("TB_BIN", bin())
+        .env("TB_SERVER_ENV", serde_json::Value::Object(server_env).to_string())
+        .env("TB_REPO", &env.repo)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "test_elicit.py failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains(" passed, 0 failed"), "{stdout}");
+    // Each answer reached its agent in the same session.
+    let reqs = mock.requests();
+    assert!(reqs[1]["messages"].to_string().contains("Blue, please."));
+    assert!(reqs[4]["messages"].to_string().contains("Green."));
+    assert!(reqs[7]["messages"].to_string().contains("Red."));
+}

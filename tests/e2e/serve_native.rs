@@ -249,10 +249,14 @@ fn always_approves_the_rest_of_the_task_without_asking_again() {
 
 /// Each mock turn reports 100+n input and 20+n output tokens: two steps pass 150.
 fn spender() -> MockAnthropic {
+    // The budget is checked when a step ends, and OpenCode may already have asked the model for
+    // the next one by the time the stop aborts the session: that answer is lost. So the final
+    // text comes twice, and a test that stops twice still ends on it whichever answer was lost.
     MockAnthropic::spawn(vec![
         Turn::bash("echo one >> steps.txt"),
         Turn::bash("echo two >> steps.txt"),
         Turn::bash("echo three >> steps.txt"),
+        Turn::text(result_block("Spent and finished.")),
         Turn::text(result_block("Spent and finished.")),
     ])
 }

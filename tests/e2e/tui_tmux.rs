@@ -8,7 +8,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::process::Command;
 use std::time::Duration;
 
-struct Tmux {
+pub(crate) struct Tmux {
     socket: String,
 }
 
@@ -23,21 +23,24 @@ impl Tmux {
             .output()
             .unwrap()
     }
-    fn screen(&self) -> String {
+    pub(crate) fn screen(&self) -> String {
         String::from_utf8_lossy(&self.cmd(&["capture-pane", "-p", "-t", "tb"]).stdout).into_owned()
     }
-    fn keys(&self, keys: &[&str]) {
+    pub(crate) fn keys(&self, keys: &[&str]) {
         for k in keys {
             assert!(self.cmd(&["send-keys", "-t", "tb", k]).status.success());
             std::thread::sleep(Duration::from_millis(60));
         }
     }
-    fn text(&self, s: &str) {
+    pub(crate) fn text(&self, s: &str) {
         assert!(self.cmd(&["send-keys", "-t", "tb", "-l", s]).status.success());
     }
-    fn wait_for(&self, needle: &str) -> String {
+    pub(crate) fn wait_for(&self, needle: &str) -> String {
+        self.wait_within(needle, Duration::from_secs(20))
+    }
+    pub(crate) fn wait_within(&self, needle: &str, limit: Duration) -> String {
         let mut last = String::new();
-        let ok = eventually(Duration::from_secs(20), || {
+        let ok = eventually(limit, || {
             last = self.screen();
             last.contains(needle)
         });
@@ -61,7 +64,7 @@ fn start_tui_with(env: &Env, args: &str, width: u32, extra: &[(&str, &str)]) -> 
 
 /// Runs the shell line `run` in the repository, in a fresh tmux server, with this test's
 /// environment.
-fn start_in_tmux(env: &Env, run: &str, width: u32, extra: &[(&str, &str)]) -> Tmux {
+pub(crate) fn start_in_tmux(env: &Env, run: &str, width: u32, extra: &[(&str, &str)]) -> Tmux {
     static SCRIPTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let k = SCRIPTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let script = env.dir.path().join(format!("tmux-{width}-{k}.sh"));

@@ -61,6 +61,8 @@ struct Inner {
     script: VecDeque<Turn>,
     /// Requests whose last user message contains the needle get this answer, script or not.
     rules: Vec<(String, Turn)>,
+    /// The same for the tool results of the last user message (what a client's tool returned).
+    result_rules: Vec<(String, Turn)>,
     requests: Vec<Value>,
     /// When each request arrived.
     arrivals: Vec<std::time::Instant>,
@@ -84,12 +86,16 @@ async fn messages(State(m): State<MockAnthropic>, headers: HeaderMap, body: Byte
     let model = req.get("model").and_then(Value::as_str).unwrap_or("claude-sonnet-4-5").to_owned();
     let streaming = req.get("stream").and_then(Value::as_bool) == Some(true);
     let last_user = last_user_text(&req);
+    let last_results = last_tool_results(&req);
     let turn = {
         let mut s = m.inner.lock().unwrap();
         s.requests.push(req);
         s.arrivals.push(std::time::Instant::now());
         s.headers.push(headers);
-        let ruled = s.rules.iter().find(|(needle, _)| last_user.contains(needle.as_str()));
+        let ruled =
+            s.rules.iter().find(|(needle, _)| last_user.contains(needle.as_str())).or_else(|| {
+                s.result_rules.iter().find(|(needle, _)| last_results.contains(needle.as_str()))
+            });
         match ruled {
             Some((_, turn)) => turn.clone(),
             None => s
@@ -198,6 +204,24 @@ fn last_user_text(req: &Value) -> String {
     }
 }
 
+/// The tool results in the last user message, as text.
+fn last_tool_results(req: &Value) -> String {
+    let Some(msg) =
+        req["messages"].as_array().and_then(|m| m.iter().rev().find(|m| m["role"] == "user"))
+    else {
+        return String::new();
+    };
+    let blocks = msg["content"].as_array().cloned().unwrap_or_default();
+    let results = blocks.iter().filter(|b| b["type"] == "tool_result");
+    results
+        .map(|b| match &b["content"] {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 impl MockAnthropic {
     /// Starts the mock on its own thread and runtime, so tests can stay synchronous.
     pub fn spawn(script: Vec<Turn>) -> MockAnthropic {
@@ -231,6 +255,13 @@ impl MockAnthropic {
     /// the script says: how the mock recognises a question the bridge forwards.
     pub fn answer_when(&self, needle: &str, turn: Turn) {
         self.inner.lock().unwrap().rules.push((needle.to_owned(), turn));
+    }
+
+    /// Answers every request whose last user message carries a tool result containing
+    /// `needle` with `turn`: how the mock plays a planner that reads what its tools returned.
+    #[allow(dead_code)]
+    pub fn answer_after(&self, needle: &str, turn: Turn) {
+        self.inner.lock().unwrap().result_rules.push((needle.to_owned(), turn));
     }
 
     pub fn requests(&self) -> Vec<Value> {
