@@ -6,7 +6,7 @@
 mod common;
 
 use common::world;
-use queue::{Outcome, TaskId};
+use queue::TaskId;
 use rmcp::model::{
     CallToolRequestParams, ClientCapabilities, ClientConfig, ElicitRequestParams, ElicitResult,
     ElicitationAction, ErrorData, Implementation,
@@ -67,14 +67,7 @@ async fn submit_and_ask(w: &common::World, client: &RunningService<RoleClient, P
         .await
         .unwrap();
     assert_ne!(r.is_error, Some(true), "{r:?}");
-    let claim = w.store.claim_next("w", "h", Duration::from_secs(30)).unwrap().unwrap();
-    let waiting = Outcome::Waiting {
-        question: "Red or blue?".into(),
-        session_id: "ses_x".into(),
-        result: None,
-        ask: None,
-    };
-    w.store.finish(claim.task.id, claim.token, waiting).unwrap();
+    common::make_it_wait(w);
 }
 
 #[tokio::test]

@@ -7,7 +7,7 @@
 mod common;
 
 use common::world;
-use queue::{Outcome, TaskId};
+use queue::TaskId;
 use rmcp::ServiceExt;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CancelTaskParams, ClientCapabilities, ClientConfig,
@@ -15,7 +15,6 @@ use rmcp::model::{
 };
 use rmcp::service::{RoleClient, RunningService};
 use serde_json::json;
-use std::time::Duration;
 
 #[derive(Clone)]
 struct TasksClient;
@@ -49,18 +48,6 @@ async fn run_task(client: &RunningService<RoleClient, TasksClient>, prompt: &str
     created.task.task_id
 }
 
-/// Claims the next task and makes it wait on a question, as a worker would.
-fn ask(w: &common::World) {
-    let claim = w.store.claim_next("w", "h", Duration::from_secs(30)).unwrap().unwrap();
-    let waiting = Outcome::Waiting {
-        question: "Red or blue?".into(),
-        session_id: "ses_x".into(),
-        result: None,
-        ask: None,
-    };
-    w.store.finish(claim.task.id, claim.token, waiting).unwrap();
-}
-
 async fn get(
     client: &RunningService<RoleClient, TasksClient>,
     id: &str,
@@ -76,7 +63,7 @@ async fn a_waiting_task_is_input_required_until_its_decision_is_answered_or_decl
     assert_eq!(id, "1", "the MCP task id is the task's id");
     assert_eq!(get(&client, &id).await.task.status(), TaskStatus::Working);
 
-    ask(&w);
+    common::make_it_wait(&w);
     // Asked for as often as the client looks, until it answers.
     for _ in 0..2 {
         let got = get(&client, &id).await;
@@ -94,7 +81,7 @@ async fn a_waiting_task_is_input_required_until_its_decision_is_answered_or_decl
     // The next decision is asked, and an accepted answer reaches the task.
     let args = json!({"task_id": 1, "answer": "Red"}).as_object().cloned().unwrap();
     client.call_tool(CallToolRequestParams::new("answer_task").with_arguments(args)).await.unwrap();
-    ask(&w);
+    common::make_it_wait(&w);
     let got = get(&client, &id).await;
     let TaskPayload::InputRequired { input_requests } = &got.task.payload else {
         panic!("the second round is asked: {got:?}")

@@ -92,3 +92,15 @@ impl World {
         self.store.list(&queue::ListFilter::default()).unwrap().len()
     }
 }
+
+/// Claims the next task and makes it wait on the question "Red or blue?", as a worker would.
+pub fn make_it_wait(w: &World) {
+    let claim = w.store.claim_next("w", "h", std::time::Duration::from_secs(30)).unwrap().unwrap();
+    let waiting = queue::Outcome::Waiting {
+        question: "Red or blue?".into(),
+        session_id: "ses_x".into(),
+        result: None,
+        ask: None,
+    };
+    w.store.finish(claim.task.id, claim.token, waiting).unwrap();
+}
