@@ -251,6 +251,12 @@ pub struct WorkerArgs {
     /// host does so by itself).
     #[arg(long)]
     pub use_remote: bool,
+    /// Serve Prometheus metrics at http://ADDR/metrics (the queue's and this worker's), with
+    /// the same token as `serve` (see --token-file).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<String>,
+    #[command(flatten)]
+    pub guard: GuardArgs,
 }
 
 #[derive(Debug, Args, Clone)]

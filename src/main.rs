@@ -19,6 +19,7 @@ mod pager;
 mod public;
 mod run;
 mod service;
+mod telemetry;
 mod token;
 
 use anyhow::Context;
@@ -102,6 +103,8 @@ fn real_main(cli: cli::Cli) -> anyhow::Result<std::process::ExitCode> {
             .enable_all()
             .build()
             .context("starting the async runtime")?;
+        // Flushed when dropped, after the runtime's work is done.
+        let _traces = telemetry::init(&ctx.env)?;
         return rt.block_on(run::long_running(ctx, cli.command));
     }
     commands::run(ctx, cli.command)

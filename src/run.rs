@@ -89,9 +89,18 @@ pub async fn long_running(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode
                 args.opencode_mode,
             )?;
             let cfg = WorkerConfig { use_remote: args.use_remote || cfg.use_remote, ..cfg };
-            let running = Worker::start(ctx.store.clone(), ctx.home.clone(), cfg, shutdown);
+            let metrics = match &args.metrics_listen {
+                Some(listen) => Some(metrics_server(&ctx, listen, &args.guard, &shutdown).await?),
+                None => None,
+            };
+            let running = Worker::start(ctx.store.clone(), ctx.home.clone(), cfg, shutdown.clone());
             eprintln!("taskbridge worker {} on {}", running.worker.id(), ctx.store.location());
-            running.handle.await.context("worker task")??;
+            let ran = running.handle.await.context("worker task");
+            shutdown.cancel();
+            if let Some(m) = metrics {
+                let _ = tokio::time::timeout(std::time::Duration::from_secs(2), m).await;
+            }
+            ran??;
         }
         Command::Mcp { worker: emb } => {
             let embedded = embedded(&ctx, &emb, shutdown.clone())?;
@@ -109,6 +118,36 @@ pub async fn long_running(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode
         _ => anyhow::bail!("internal: not a long-running command"),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `worker --metrics-listen`: `/metrics` alone, bound before the worker starts so that a bad
+/// address stops it at once.
+async fn metrics_server(
+    ctx: &Ctx,
+    listen: &str,
+    guard: &crate::cli::GuardArgs,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let auth = crate::token::resolve(ctx.home.root(), guard, &ctx.env)?;
+    let http = mcp::HttpConfig {
+        listen: listen.to_owned(),
+        token: auth.as_ref().map(|(t, _)| t.clone()),
+        allowed_hosts: guard.allowed_hosts.clone(),
+        json_response: false,
+        metrics: Some(mcp::MetricsOf(ctx.store.clone())),
+    };
+    let listener = mcp::bind(&http).await?;
+    eprintln!(
+        "taskbridge metrics at http://{}/metrics ({})",
+        listener.local_addr()?,
+        auth_label(&auth)
+    );
+    let stop = shutdown.clone();
+    Ok(tokio::spawn(async move {
+        if let Err(e) = mcp::serve_metrics(listener, http, stop).await {
+            tracing::warn!(error = %e, "the metrics server stopped");
+        }
+    }))
 }
 
 fn embedded(
@@ -174,6 +213,7 @@ async fn claude_mcp(
                 token: auth.as_ref().map(|(t, _)| t.clone()),
                 allowed_hosts: args.guard.allowed_hosts.clone(),
                 json_response: false,
+                metrics: None,
             };
             let listener = mcp::bind(&http).await?;
             eprintln!(
@@ -213,6 +253,7 @@ async fn tui(
         token: token.clone(),
         allowed_hosts: args.http.guard.allowed_hosts.clone(),
         json_response: false,
+        metrics: Some(mcp::MetricsOf(ctx.store.clone())),
     };
     let mut roots = args.repo_roots.clone();
     if args.public.is_some() {
@@ -320,6 +361,7 @@ async fn serve(
         token: auth.as_ref().map(|(t, _)| t.clone()),
         allowed_hosts: args.http.guard.allowed_hosts.clone(),
         json_response: args.json_response,
+        metrics: Some(mcp::MetricsOf(ctx.store.clone())),
     };
     let mut roots = args.repo_roots.clone();
     if args.public.is_some() {

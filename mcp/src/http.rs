@@ -1,6 +1,6 @@
-//! Streamable HTTP at `/mcp` with the checks a local server needs before anything else: Host and
-//! Origin against an allow-list (DNS rebinding), then the bearer token. Both answer before the
-//! request body is read.
+//! Streamable HTTP at `/mcp`, and `/metrics` beside it, with the checks a local server needs
+//! before anything else: Host and Origin against an allow-list (DNS rebinding), then the bearer
+//! token. Both answer before the request body is read.
 
 use crate::error::{Error, Result};
 use axum::extract::{Request, State};
@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct HttpConfig {
     pub listen: String,
     pub token: Option<String>,
@@ -22,7 +22,13 @@ pub struct HttpConfig {
     pub allowed_hosts: Vec<String>,
     /// Answer POSTs with plain JSON (stateless) instead of SSE streams.
     pub json_response: bool,
+    /// The queue `/metrics` reads; without it there is no `/metrics`.
+    pub metrics: Option<MetricsOf>,
 }
+
+/// The queue a `/metrics` route reports on (with this process's own counts).
+#[derive(Clone)]
+pub struct MetricsOf(pub Arc<queue::Store>);
 
 const LOOPBACK_HOSTS: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
 
@@ -252,18 +258,63 @@ where
             .into(),
         rmcp_cfg,
     );
+    let metrics = cfg.metrics.clone();
+    let app = with_metrics(axum::Router::new().nest_service("/mcp", svc), metrics);
+    serve_guarded(app, listener, cfg, hosts, shutdown).await
+}
+
+/// `/metrics` alone (`worker --metrics-listen`), behind the same checks as `/mcp`.
+pub async fn serve_metrics(
+    listener: TcpListener,
+    cfg: HttpConfig,
+    shutdown: CancellationToken,
+) -> Result<()> {
+    let mut hosts: Vec<String> = LOOPBACK_HOSTS.iter().map(|h| h.to_string()).collect();
+    hosts.extend(cfg.allowed_hosts.iter().map(|h| host_only(h)));
+    let app = with_metrics(axum::Router::new(), cfg.metrics.clone());
+    serve_guarded(app, listener, cfg, hosts, shutdown).await
+}
+
+fn with_metrics(app: axum::Router, metrics: Option<MetricsOf>) -> axum::Router {
+    match metrics {
+        Some(m) => app.route("/metrics", axum::routing::get(scrape).with_state(m)),
+        None => app,
+    }
+}
+
+async fn serve_guarded(
+    app: axum::Router,
+    listener: TcpListener,
+    cfg: HttpConfig,
+    hosts: Vec<String>,
+    shutdown: CancellationToken,
+) -> Result<()> {
     let g = Arc::new(Guard {
         hosts,
         token: cfg.token.filter(|t| !t.is_empty()),
         failures: Failures::default(),
     });
-    let app = axum::Router::new()
-        .nest_service("/mcp", svc)
-        .layer(axum::middleware::from_fn_with_state(g, guard));
+    let app = app.layer(axum::middleware::from_fn_with_state(g, guard));
     axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await
         .map_err(|e| Error::Serve(e.to_string()))
+}
+
+/// One scrape: the queue read off the runtime (a PostgreSQL round trip, a SQLite read).
+async fn scrape(State(MetricsOf(store)): State<MetricsOf>) -> Response {
+    let rendered = tokio::task::spawn_blocking(move || worker::metrics::render(&store)).await;
+    match rendered {
+        Ok(Ok(text)) => {
+            ([(header::CONTENT_TYPE, worker::metrics::CONTENT_TYPE)], text).into_response()
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "a scrape could not read the queue");
+            (StatusCode::SERVICE_UNAVAILABLE, format!("the queue could not be read: {e}\n"))
+                .into_response()
+        }
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response(),
+    }
 }
 
 #[cfg(test)]

@@ -24,7 +24,7 @@ mod waiting;
 
 pub use bridge::ClaudeBridge;
 pub use error::{Error, Result};
-pub use http::{HttpConfig, bind, serve_http};
+pub use http::{HttpConfig, MetricsOf, bind, serve_http, serve_metrics};
 pub use server::TaskBridge;
 
 use rmcp::ServiceExt;

@@ -246,7 +246,7 @@ impl TaskBridge {
         tokio::spawn(async move {
             let mut changes = bridge.subscribe();
             let mut open = ids;
-            while !open.is_empty() && !peer.is_transport_closed() {
+            while !open.is_empty() && !peer.is_transport_closed() && !shutdown.is_cancelled() {
                 changes.borrow_and_update();
                 let mut still = Vec::with_capacity(open.len());
                 for id in open {

@@ -131,3 +131,19 @@ async fn a_declined_decision_is_never_put_to_the_client_again() {
     assert_eq!(task.status, queue::TaskStatus::Waiting, "declined: the task waits for the planner");
     assert_eq!(task.questions[0].answer, None);
 }
+
+#[tokio::test]
+async fn a_server_that_is_shutting_down_asks_no_one() {
+    let w = world().await;
+    w.server.ask_outside_calls();
+    let person = Person::default();
+    let client = connect(&w.server, person.clone()).await;
+    let args = json!({"prompt": "Ask me"}).as_object().cloned().unwrap();
+    client.call_tool(CallToolRequestParams::new("submit_task").with_arguments(args)).await.unwrap();
+    w.server.shutdown();
+    common::make_it_wait(&w);
+    // Long enough for the submitter's watcher to have asked, had it still been watching.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(person.asked.lock().unwrap().is_empty(), "asked after shutdown");
+    assert_eq!(w.store.get(TaskId(1)).unwrap().status, queue::TaskStatus::Waiting);
+}

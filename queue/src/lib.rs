@@ -8,8 +8,9 @@
 //! cross-process change notification ([`ChangeWatcher`]), the process environment as a value the
 //! binary reads once and hands down ([`Environment`]: no library crate reads the environment),
 //! a task's result ([`TaskResult`], stored as JSON with its spend in columns of its own, so no
-//! query reads the JSON), the reverse bridge's Claude jobs ([`jobs`]) and copying a whole queue
-//! between backends ([`copy`]).
+//! query reads the JSON), why an attempt failed ([`FailureKind`]), what metrics and the TUI's
+//! stats read (`store/stats.rs`: counts, lifetime counters, recent runs), the reverse bridge's
+//! Claude jobs ([`jobs`]) and copying a whole queue between backends ([`copy`]).
 //!
 //! The database is the only channel between the MCP server, the worker, the TUI and the CLI, so
 //! everything they need to agree on lives here. This crate is synchronous and must not depend on
@@ -20,6 +21,7 @@
 pub mod copy;
 mod environment;
 pub mod error;
+mod failure;
 pub mod home;
 pub mod jobs;
 pub mod location;
@@ -44,5 +46,5 @@ pub use result::{
     TaskResult, TestRun, Usage,
 };
 pub use sqlite::recover_commands;
-pub use store::{RunFacts, Store};
+pub use store::{FinishedTask, QueueCounts, Recent, RunFacts, Store};
 pub use watch::ChangeWatcher;

@@ -25,6 +25,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
+pub use crate::failure::FailureKind;
+
 /// Bounds that the store enforces on every submit.
 pub const MAX_PROMPT_BYTES: usize = 256 * 1024;
 pub const PRIORITY_RANGE: std::ops::RangeInclusive<i64> = -100..=100;
@@ -733,6 +735,9 @@ pub struct Claim {
     pub resume: Option<Resume>,
     /// Notes not yet given to the agent; the claim marks them delivered.
     pub new_notes: Vec<String>,
+    /// How long the task had been ready to run (submitted, its retry delay over, its
+    /// dependencies done, its decision answered) when this claim took it.
+    pub queue_wait_s: f64,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -752,12 +757,14 @@ pub enum Outcome {
     /// The attempt failed; the store requeues it with `backoff_s` delay while attempts remain.
     Failed {
         error: String,
+        kind: FailureKind,
         result: Option<Box<crate::TaskResult>>,
         backoff_s: f64,
     },
     /// The attempt failed in a way another attempt cannot fix (e.g. the agent binary is missing).
     FailedPermanently {
         error: String,
+        kind: FailureKind,
         result: Option<Box<crate::TaskResult>>,
     },
     Waiting {

@@ -25,6 +25,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (7, include_str!("../migrations/pg/0007_orphans.sql")),
     (8, include_str!("../migrations/pg/0008_worker_agents.sql")),
     (9, include_str!("../migrations/pg/0009_spend.sql")),
+    (10, include_str!("../migrations/pg/0010_metrics.sql")),
 ];
 
 /// How long an operation keeps trying to reach a database that went away.

@@ -20,6 +20,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0007_orphans.sql"),
     include_str!("../migrations/0008_worker_agents.sql"),
     include_str!("../migrations/0009_spend.sql"),
+    include_str!("../migrations/0010_metrics.sql"),
 ];
 
 /// The schema version this build writes (both backends carry the same versions).

@@ -53,6 +53,7 @@ on_both!(
     a_session_is_resumed_on_the_host_that_keeps_it_while_a_worker_lives_there,
     orphans_wait_for_a_worker_on_their_own_host,
     a_task_for_another_agent_waits_for_a_worker_that_has_its_cli,
+    the_queue_counts_states_submissions_and_what_finished_with_its_timings,
 );
 
 fn open(b: Backend) -> (Db, Store) {
@@ -279,7 +280,12 @@ fn failed_attempt_is_retried_with_backoff_then_fails(b: Backend) {
         .finish(
             id,
             c.token,
-            Outcome::Failed { error: "API 500".into(), result: None, backoff_s: 3600.0 },
+            Outcome::Failed {
+                error: "API 500".into(),
+                kind: FailureKind::Provider,
+                result: None,
+                backoff_s: 3600.0,
+            },
         )
         .unwrap();
     assert_eq!(t.status, TaskStatus::Queued);
@@ -290,12 +296,30 @@ fn failed_attempt_is_retried_with_backoff_then_fails(b: Backend) {
     let c = claim(&store).unwrap();
     assert_eq!(c.task.id, id2);
     store
-        .finish(id2, c.token, Outcome::Failed { error: "e1".into(), result: None, backoff_s: 0.0 })
+        .finish(
+            id2,
+            c.token,
+            Outcome::Failed {
+                error: "e1".into(),
+                kind: FailureKind::Exit,
+                result: None,
+                backoff_s: 0.0,
+            },
+        )
         .unwrap();
     let c = claim(&store).unwrap();
     assert_eq!(c.task.attempts, 2);
     let t = store
-        .finish(id2, c.token, Outcome::Failed { error: "e2".into(), result: None, backoff_s: 0.0 })
+        .finish(
+            id2,
+            c.token,
+            Outcome::Failed {
+                error: "e2".into(),
+                kind: FailureKind::Timeout,
+                result: None,
+                backoff_s: 0.0,
+            },
+        )
         .unwrap();
     assert_eq!(t.status, TaskStatus::Failed, "max_attempts 2 is used up");
     assert_eq!(t.error.as_deref(), Some("e2"));
@@ -318,7 +342,15 @@ fn dependency_failure_propagates_transitively_and_retry_revives_the_chain(b: Bac
     let c = claim(&store).unwrap();
     assert_eq!(c.task.id, a, "blocked tasks are not claimed");
     store
-        .finish(a, c.token, Outcome::FailedPermanently { error: "boom".into(), result: None })
+        .finish(
+            a,
+            c.token,
+            Outcome::FailedPermanently {
+                error: "boom".into(),
+                kind: FailureKind::Launch,
+                result: None,
+            },
+        )
         .unwrap();
     let tb = store.get(b).unwrap();
     let tc = store.get(c_id).unwrap();
@@ -1099,12 +1131,22 @@ fn an_answer_survives_a_resume_that_fails_and_its_attempt_still_counts(b: Backen
     store.answer(id, "this one", "cli").unwrap();
     let c = claim(&store).unwrap();
     assert_eq!(c.task.attempts, 1, "a resume does not count an attempt when it is claimed");
-    let failed = Outcome::Failed { error: "rate limited".into(), result: None, backoff_s: 0.0 };
+    let failed = Outcome::Failed {
+        error: "rate limited".into(),
+        kind: FailureKind::Provider,
+        result: None,
+        backoff_s: 0.0,
+    };
     let t = store.finish(id, c.token, failed).unwrap();
     assert_eq!((t.status, t.attempts), (TaskStatus::Queued, 2), "the failed resume counted");
     let c = claim(&store).unwrap();
     assert_eq!(c.resume.unwrap().answer, "this one", "the answer is delivered again");
-    let failed = Outcome::Failed { error: "rate limited".into(), result: None, backoff_s: 0.0 };
+    let failed = Outcome::Failed {
+        error: "rate limited".into(),
+        kind: FailureKind::Provider,
+        result: None,
+        backoff_s: 0.0,
+    };
     assert_eq!(store.finish(id, c.token, failed).unwrap().status, TaskStatus::Failed, "bounded");
 }
 
@@ -1290,4 +1332,67 @@ fn orphans_wait_for_a_worker_on_their_own_host(b: Backend) {
     let orphans = store.take_orphans("host-b").unwrap();
     assert_eq!(orphans, vec![Orphan { pid: 4242, started: Some("77".into()), task: Some(id) }]);
     assert!(store.take_orphans("host-b").unwrap().is_empty(), "handed over once");
+}
+
+fn the_queue_counts_states_submissions_and_what_finished_with_its_timings(b: Backend) {
+    let (_d, store) = open(b);
+    let a = submit(&store, "a");
+    let mut s = spec("b");
+    s.depends_on = vec![DepRef::Task(a)];
+    s.agent = Some("claude-code".into());
+    let dep = store.submit(s).unwrap().0.id;
+    let mut s = spec("c");
+    s.agent = Some("opencode:plan".into());
+    let c_id = store.submit(s).unwrap().0.id;
+    let counts = store.counts().unwrap();
+    let n = |st: TaskStatus| counts.by_status.iter().find(|(s, _)| *s == st).unwrap().1;
+    assert_eq!((n(TaskStatus::Queued), n(TaskStatus::Running), n(TaskStatus::Done)), (3, 0, 0));
+    assert_eq!(counts.by_status.len(), TaskStatus::ALL.len(), "every state is listed");
+    assert_eq!(counts.submitted, vec![("claude-code".into(), 1), ("opencode".into(), 2)]);
+
+    let first = claim(&store).unwrap();
+    assert_eq!(first.task.id, a);
+    assert!(first.queue_wait_s >= 0.0 && first.queue_wait_s < 30.0, "{}", first.queue_wait_s);
+    std::thread::sleep(Duration::from_millis(300));
+    store.finish(a, first.token, done()).unwrap();
+    // The dependent became ready when its dependency was done, not when it was submitted.
+    std::thread::sleep(Duration::from_millis(200));
+    let next = store.claim_next("w1", "host", LEASE).unwrap().unwrap();
+    let waited_since_submit = next.task.started_at.unwrap() - next.task.created_at;
+    assert_eq!(next.task.id, dep);
+    assert!(next.queue_wait_s >= 0.15, "{}", next.queue_wait_s);
+    assert!(
+        next.queue_wait_s < waited_since_submit - 0.25,
+        "{} vs {waited_since_submit}",
+        next.queue_wait_s
+    );
+    let failed = Outcome::FailedPermanently {
+        error: "no credentials".into(),
+        kind: FailureKind::Auth,
+        result: None,
+    };
+    store.finish(dep, next.token, failed).unwrap();
+    store.cancel(c_id).unwrap();
+
+    let recent = store.finished_within(Duration::from_secs(3600)).unwrap();
+    let ids: Vec<TaskId> = recent.tasks.iter().map(|t| t.id).collect();
+    assert_eq!(ids, vec![a, dep, c_id], "oldest first");
+    let (ta, tdep) = (&recent.tasks[0], &recent.tasks[1]);
+    assert_eq!(
+        (ta.agent.as_str(), ta.status, ta.failure_kind),
+        ("opencode", TaskStatus::Done, None)
+    );
+    assert!(ta.run_s.unwrap() >= 0.25, "{:?}", ta.run_s);
+    assert_eq!(tdep.agent, "claude-code");
+    assert_eq!((tdep.status, tdep.failure_kind), (TaskStatus::Failed, Some(FailureKind::Auth)));
+    assert!(recent.now >= tdep.finished_at);
+    assert!(store.finished_within(Duration::ZERO).unwrap().tasks.is_empty());
+
+    // What was submitted stays counted when finished tasks are cleared.
+    store
+        .clear_finished(0.0, &[TaskStatus::Done, TaskStatus::Failed, TaskStatus::Cancelled], &[])
+        .unwrap();
+    let counts = store.counts().unwrap();
+    assert_eq!(counts.submitted, vec![("claude-code".into(), 1), ("opencode".into(), 2)]);
+    assert!(counts.by_status.iter().all(|(_, n)| *n == 0), "{counts:?}");
 }

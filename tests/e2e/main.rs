@@ -21,6 +21,7 @@ mod faults;
 mod hosts;
 mod mcp_python;
 mod mcp_tasks;
+mod observe;
 mod paths;
 mod plans;
 mod public;

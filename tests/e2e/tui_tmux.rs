@@ -655,3 +655,55 @@ fn a_keymap_file_moving_through_a_long_queue_and_a_followup_from_the_keyboard() 
     assert_eq!(t["prompt"], "Now a second file");
     assert_eq!(t["base"], commit, "the follow-up starts from the first task's commit");
 }
+
+/// The stats view (`s`) draws the tasks that ran: how many finished, what they spent, how long
+/// they waited and ran, per agent, and why the failed one failed.
+#[test]
+fn the_stats_view_charts_the_tasks_that_ran() {
+    let env = Env::new();
+    // OpenCode in run mode, as a stand-in: it reports one step that cost 42 cents, and fails the
+    // task that asks it to.
+    let step = r#"{"type":"step_finish","sessionID":"ses_S","part":{"reason":"stop","tokens":{"input":100,"output":20,"reasoning":0,"cache":{"write":0,"read":0}},"cost":0.42}}"#;
+    let agent = script(
+        env.dir.path(),
+        "agent",
+        &format!(
+            "p=$(cat)\ncase \"$p\" in *FAILME*) echo boom >&2; exit 3;; esac\necho '{step}'\n"
+        ),
+    );
+    for prompt in ["one", "two", "three"] {
+        env.submit(&[prompt]);
+    }
+    let failing = env.submit(&["FAILME please", "--max-attempts", "1"]);
+    env.run_queue_with(&agent, &[]);
+    assert_eq!(env.show(failing)["status"], "failed");
+
+    let tmux = start_tui(&env, "--no-http --no-worker", 140);
+    tmux.wait_for("FAILME");
+    tmux.keys(&["s"]);
+    let screen = tmux.wait_for("Tasks finished per 10 minutes: 4 in 24 h");
+    assert!(screen.contains("Spend per hour (cents, UTC): $1.26 in 24 h"), "{screen}");
+    // The hour's bar carries its value: three tasks at 42 cents.
+    assert!(screen.contains("126"), "{screen}");
+    let agents = screen.lines().find(|l| l.contains("opencode")).unwrap();
+    assert!(agents.contains("3 / 1 / 0"), "{agents}");
+    let exit = screen.lines().find(|l| l.contains("exit ")).unwrap_or_default();
+    assert!(
+        exit.trim_end_matches(['│', ' ']).ends_with('1'),
+        "one failure of kind exit:\n{screen}"
+    );
+    for line in ["queue wait  p50", "run time    p50"] {
+        assert!(screen.contains(line), "{line}:\n{screen}");
+    }
+    // The sparkline draws the last ten minutes as a bar at the right edge.
+    let spark = screen.lines().skip_while(|l| !l.contains("Tasks finished")).nth(1).unwrap();
+    assert!(spark.chars().any(|c| "▁▂▃▄▅▆▇█".contains(c)), "{spark}");
+    // s closes it, as Esc does.
+    tmux.keys(&["s"]);
+    let mut screen = String::new();
+    assert!(eventually(Duration::from_secs(10), || {
+        screen = tmux.screen();
+        !screen.contains("Tasks finished per 10 minutes")
+    }));
+    assert!(screen.contains("FAILME"), "{screen}");
+}

@@ -39,10 +39,11 @@ pub enum Action {
     MergeTask,
     FollowupTask,
     OpenPlan,
+    OpenStats,
 }
 
 impl Action {
-    pub const ALL: [Action; 35] = [
+    pub const ALL: [Action; 36] = [
         Action::SelectNext,
         Action::SelectPrev,
         Action::PageDown,
@@ -78,6 +79,7 @@ impl Action {
         Action::MergeTask,
         Action::FollowupTask,
         Action::OpenPlan,
+        Action::OpenStats,
     ];
 
     pub fn name(self) -> &'static str {
@@ -117,6 +119,7 @@ impl Action {
             Action::MergeTask => "merge-task",
             Action::FollowupTask => "followup-task",
             Action::OpenPlan => "open-plan",
+            Action::OpenStats => "open-stats",
         }
     }
 
@@ -157,6 +160,7 @@ impl Action {
             Action::MergeTask => "Merge a done task into its branch (asks first)",
             Action::FollowupTask => "Follow up a done or failed task in its session",
             Action::OpenPlan => "Show the task's plan: dependencies and follow-ups",
+            Action::OpenStats => "Show how the queue has been going: the last day in charts",
         }
     }
 
@@ -179,6 +183,7 @@ impl Action {
             Action::MergeTask => "merge",
             Action::FollowupTask => "follow-up",
             Action::OpenPlan => "plan",
+            Action::OpenStats => "stats",
             other => other.name(),
         }
     }

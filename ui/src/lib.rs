@@ -1,7 +1,7 @@
 //! `taskbridge-ui`: the terminal control center.
 //!
 //! It owns the ratatui app: the keymap ([`keymap`]), actions ([`action`]), the model and its
-//! update function ([`app`]), the pure view ([`view`]) and the runtime that does the I/O
+//! update function ([`app`]), the pure view ([`view`]), the stats view's figures ([`stats`]) and the runtime that does the I/O
 //! ([`runtime`]). Events become actions, actions update the model, the view draws it.
 //!
 //! It reads and writes the queue and uses the worker's git and log helpers. It must not depend on
@@ -12,6 +12,7 @@ pub mod app;
 pub mod diff;
 pub mod keymap;
 pub mod runtime;
+pub mod stats;
 pub mod view;
 
 pub use keymap::Keymap;

@@ -251,6 +251,17 @@ impl Effects {
                     }
                 });
             }
+            Effect::LoadStats => {
+                tokio::task::spawn_blocking(move || {
+                    let window = std::time::Duration::from_secs_f64(crate::stats::WINDOW_S);
+                    match store.finished_within(window) {
+                        Ok(recent) => {
+                            send(Event::StatsLoaded(Box::new(crate::stats::Stats::of(&recent))))
+                        }
+                        Err(e) => send(Event::StatsFailed(e.to_string())),
+                    }
+                });
+            }
             Effect::LoadPlan(id) => {
                 tokio::task::spawn_blocking(move || {
                     let lines = plan_lines(&store, TaskId(id));

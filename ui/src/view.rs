@@ -1,6 +1,8 @@
 //! Drawing: a pure function of the model. Only what is visible is built, so a frame costs the
 //! same with ten tasks or a million, and with a short log or a huge one.
 
+mod stats;
+
 use crate::app::{ConfirmKind, Focus, Model, Popup, RightPane, filter_name};
 use crate::diff::LineKind;
 use crate::keymap::Mode;
@@ -96,6 +98,7 @@ pub fn draw(m: &Model, f: &mut Frame) {
     match &m.popup {
         None => {}
         Some(Popup::Help) => draw_help(m, f, area),
+        Some(Popup::Stats(s)) => stats::draw_stats(s.as_deref(), f, area),
         Some(Popup::Confirm(kind)) => draw_confirm(*kind, f, area),
         Some(Popup::Editor { area: textarea, .. }) => {
             let r = centered(area, 80, 50);

@@ -245,7 +245,10 @@ impl Worker {
 
     /// One run of a claimed task, from worktree to recorded outcome.
     async fn execute(self: Arc<Self>, claim: Claim, shutdown: CancellationToken) -> Result<()> {
-        let Claim { task, token, resume, new_notes } = claim;
+        crate::metrics::claimed(&claim);
+        let began = std::time::Instant::now();
+        let attempt = crate::trace::Attempt::start(&claim.task, claim.resume.is_some());
+        let Claim { task, token, resume, new_notes, .. } = claim;
         let id = task.id;
         let mut log = TaskLog::open(&self.home.logs_dir(), id.0);
         log.line(&match &resume {
@@ -271,12 +274,16 @@ impl Worker {
         };
         let outcome = match early {
             Some(o) => Ok(Some(o)),
-            None => self.run_once(&task, token, resume, new_notes, &mut log, stop_rx).await,
+            None => {
+                let given = crate::run::Given { resume, new_notes };
+                self.run_once(&task, token, given, &mut log, stop_rx, &attempt).await
+            }
         };
         // Work done from a mirror reaches the remote before the task is called done, while
         // the lease is still kept.
         let outcome = match (&mirror, outcome) {
             (Some(dir), Ok(Some(Outcome::Done { result }))) => {
+                let _push = attempt.step("push");
                 Ok(Some(self.push_back(&task, dir, result, &mut log).await))
             }
             (_, o) => o,
@@ -292,11 +299,14 @@ impl Worker {
                 log.line(&format!("error: {e}"));
                 Outcome::Failed {
                     error: e.to_string(),
+                    kind: queue::FailureKind::Worker,
                     result: None,
                     backoff_s: self.backoff(task.attempts),
                 }
             }
         };
+        crate::metrics::finished(&task, &outcome, began.elapsed().as_secs_f64());
+        attempt.end(&task, &outcome);
         let summary = describe(&outcome);
         match self.blocking(move |s| s.finish(id, token, outcome)).await {
             Ok(t) => {
@@ -344,6 +354,7 @@ impl Worker {
                      that has the repository",
                     task.repo, self.host
                 ),
+                kind: queue::FailureKind::Repository,
                 result: None,
             });
         };
@@ -369,6 +380,7 @@ impl Worker {
             Ok(()) => Ok(Some(dir)),
             Err(e) => Err(Outcome::Failed {
                 error: format!("could not fetch the repository from {remote}: {e}"),
+                kind: queue::FailureKind::Repository,
                 result: None,
                 backoff_s: self.backoff(task.attempts),
             }),
@@ -407,6 +419,7 @@ impl Worker {
                     error: format!(
                         "the work is done but could not be pushed, so it is not done yet: {e}"
                     ),
+                    kind: queue::FailureKind::Push,
                     result: Some(result),
                     backoff_s: self.backoff(task.attempts),
                 }

@@ -3,6 +3,7 @@
 //! the run reported, so every case is tested without a model.
 
 use crate::events::AgentError;
+use queue::FailureKind;
 
 /// What the worker records for a failed run.
 #[derive(Debug, Clone, PartialEq)]
@@ -11,6 +12,8 @@ pub struct Diagnosis {
     /// False for causes no retry can change (credentials, an unknown model, the configuration):
     /// the task fails at once instead of spending its attempts.
     pub retryable: bool,
+    /// What kind of failure it was, for metrics and the stats view.
+    pub kind: FailureKind,
 }
 
 /// Which model the run used, as far as TaskBridge knows.
@@ -78,12 +81,14 @@ pub fn agent_error(e: &AgentError, model: &ModelUsed) -> Diagnosis {
                  auth login` or set the provider's API key in the worker's environment, or {SET_UP}"
             ),
             retryable: false,
+            kind: FailureKind::Auth,
         };
     }
     if matches!(e.status, Some(404)) || e.message.to_ascii_lowercase().contains("model not found") {
         return Diagnosis {
             message: format!("the provider does not know {who}: {said}. {}", cap(SET_UP)),
             retryable: false,
+            kind: FailureKind::Model,
         };
     }
     if e.status.is_none() && is_connection(e) {
@@ -93,22 +98,32 @@ pub fn agent_error(e: &AgentError, model: &ModelUsed) -> Diagnosis {
                  if this model is not the one you meant, {SET_UP}"
             ),
             retryable: true,
+            kind: FailureKind::Connection,
         };
     }
     if matches!(e.status, Some(400 | 422)) {
         return Diagnosis {
             message: format!("{who} refused the request: {said}"),
             retryable: false,
+            kind: FailureKind::Provider,
         };
     }
-    Diagnosis { message: format!("{said} ({who})"), retryable: e.retryable.unwrap_or(true) }
+    Diagnosis {
+        message: format!("{said} ({who})"),
+        retryable: e.retryable.unwrap_or(true),
+        kind: FailureKind::Provider,
+    }
 }
 
 /// Explains a Claude Code or Codex process that exited non-zero without an error event.
 pub fn cli_exit_failure(agent: &str, code: Option<i32>, stderr_tail: &str) -> Diagnosis {
     let how = code.map_or("a signal".to_owned(), |c| format!("status {c}"));
     let tail = if stderr_tail.is_empty() { String::new() } else { format!(": {stderr_tail}") };
-    Diagnosis { message: format!("{agent} exited with {how}{tail}"), retryable: true }
+    Diagnosis {
+        message: format!("{agent} exited with {how}{tail}"),
+        retryable: true,
+        kind: FailureKind::Exit,
+    }
 }
 
 /// Explains a run that exited non-zero without an error event: OpenCode's own start-up errors
@@ -126,9 +141,14 @@ pub fn exit_failure(code: Option<i32>, stderr_tail: &str) -> Diagnosis {
                  OPENCODE_CONFIG_CONTENT); opencode exited with {how}{tail}"
             ),
             retryable: false,
+            kind: FailureKind::Launch,
         };
     }
-    Diagnosis { message: format!("opencode exited with {how}{tail}"), retryable: true }
+    Diagnosis {
+        message: format!("opencode exited with {how}{tail}"),
+        retryable: true,
+        kind: FailureKind::Exit,
+    }
 }
 
 fn cap(s: &str) -> String {

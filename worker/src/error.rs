@@ -14,6 +14,8 @@ pub enum Error {
     Config(String),
     #[error("a background job stopped unexpectedly: {0}")]
     Join(String),
+    #[error("could not write the metrics: {0}")]
+    Metrics(String),
 }
 
 impl Error {

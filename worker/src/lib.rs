@@ -19,11 +19,12 @@
 //!   lets workers on several hosts share a repository, and their mirrors of it);
 //! - the checks of `[verify]` (`verify.rs`), reading what the agent said into the task's result
 //!   (`result.rs`; the result's type, `TaskResult`, is the queue's), task log files
-//!   ([`logs`]), notifications (`notify.rs`), the user service that runs a worker without a
+//!   ([`logs`]), notifications (`notify.rs`), metrics ([`metrics`]) and traces ([`trace`]), the user service that runs a worker without a
 //!   terminal ([`service`]), `clear_finished` (`clear.rs`), and the `submit` and `followup`
 //!   operations that resolve a repository before it reaches the queue (`submit.rs`).
 //!
-//! The front ends use what is re-exported here and the six public modules; the rest is private.
+//! The front ends use what is re-exported here and the public modules (`metrics` among them:
+//! what `/metrics` serves); the rest is private.
 //!
 //! It reads no environment variable itself: what the process was started with comes in
 //! `WorkerConfig::env` (a `queue::Environment` the binary read once), and programs are found
@@ -44,6 +45,7 @@ pub mod git;
 mod housekeeping;
 pub mod logs;
 mod merge;
+pub mod metrics;
 pub mod models;
 mod notify;
 mod opencode_config;
@@ -55,6 +57,7 @@ mod run;
 pub mod sandbox;
 pub mod service;
 mod submit;
+pub mod trace;
 mod verify;
 
 pub use claim_loop::{RunningWorker, Worker};

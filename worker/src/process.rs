@@ -18,8 +18,25 @@ use tokio::sync::{mpsc, watch};
 
 /// TaskBridge's own secrets, kept out of every agent process (and so out of every command an
 /// agent runs, which inherits its environment): the HTTP token, the queue's location (a
-/// PostgreSQL URL holds its password) and a warm server's password that some other process set.
-pub const SECRET_ENV: [&str; 3] = ["TASKBRIDGE_DB", "TASKBRIDGE_TOKEN", "OPENCODE_SERVER_PASSWORD"];
+/// PostgreSQL URL holds its password), a warm server's password that some other process set,
+/// and where TaskBridge's traces go: the OTLP endpoints and their headers (which carry the
+/// collector's credentials). An agent that read them would also export its own telemetry there
+/// as if it were TaskBridge's.
+pub const SECRET_ENV: [&str; 13] = [
+    "TASKBRIDGE_DB",
+    "TASKBRIDGE_TOKEN",
+    "OPENCODE_SERVER_PASSWORD",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_HEADERS",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+    "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_LOGS_HEADERS",
+    "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_METRICS_HEADERS",
+    "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+    "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY",
+];
 
 /// Why a run was stopped from outside.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

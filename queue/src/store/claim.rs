@@ -22,12 +22,19 @@ impl Store {
         // there (several hosts share a PostgreSQL queue; their agents do not share sessions).
         // A task for Claude Code or Codex is left to a worker whose host has that CLI while
         // one is alive; with none, any worker takes it and fails it saying what to install.
+        // Its queue wait counts from when it became ready: submitted, its retry delay over,
+        // its last dependency done, or its decision answered.
         const SET: &str = "status = 'running', worker = ?1, worker_host = ?2,
             lease_token = lease_token + 1, lease_until = ?3 + ?4,
             attempts = attempts + CASE WHEN pending_answer IS NULL THEN 1 ELSE 0 END,
             started_at = coalesce(started_at, ?3), updated_at = ?3,
             agent_pid = NULL, agent_started = NULL, cancel_requested = 0,
-            not_before = NULL, parked_worker = NULL";
+            not_before = NULL, parked_worker = NULL, claimed_at = ?3,
+            queue_wait_s = ?3 - GREATEST(created_at, coalesce(not_before, 0),
+                coalesce((SELECT max(p.finished_at) FROM task_deps d JOIN tasks p
+                    ON p.id = d.depends_on WHERE d.task_id = tasks.id), 0),
+                CASE WHEN pending_answer IS NULL THEN 0 ELSE coalesce((SELECT max(q.answered_at)
+                    FROM task_questions q WHERE q.task_id = tasks.id), 0) END)";
         const RUNNABLE: &str = "t.status = 'queued'
             AND (t.not_before IS NULL OR t.not_before <= ?3)
             AND NOT EXISTS (SELECT 1 FROM task_deps d JOIN tasks p
@@ -51,7 +58,8 @@ impl Store {
                 "UPDATE tasks SET {SET} WHERE id = (
                     SELECT t.id FROM tasks t INDEXED BY tasks_claim WHERE {RUNNABLE}
                      ORDER BY t.priority DESC, t.id ASC LIMIT 1)
-                 RETURNING id, lease_token, session_id, pending_answer, ask"
+                 RETURNING id, lease_token, session_id, pending_answer, ask, queue_wait_s",
+                SET = SET.replace("GREATEST(", "max("),
             )
         });
         static POSTGRES: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
@@ -69,7 +77,7 @@ impl Store {
                      ORDER BY t.priority DESC, t.id ASC LIMIT 1 FOR UPDATE OF t SKIP LOCKED)
                  UPDATE tasks SET {SET} FROM next, clock WHERE tasks.id = next.id
                  RETURNING tasks.id, tasks.lease_token, tasks.session_id,
-                    tasks.pending_answer, tasks.ask",
+                    tasks.pending_answer, tasks.ask, tasks.queue_wait_s",
                 RUNNABLE = RUNNABLE.replace("?3", "clock.now"),
                 SET = SET.replace("?3", "clock.now"),
             )
@@ -87,6 +95,7 @@ impl Store {
             let (id, token): (i64, i64) = (row.get(0)?, row.get(1)?);
             let (session, answer, ask): (Option<String>, Option<String>, Option<String>) =
                 (row.get(2)?, row.get(3)?, row.get(4)?);
+            let queue_wait_s: f64 = row.get::<f64>(5)?.max(0.0);
             let new_notes = tx
                 .query(
                     "UPDATE task_notes SET delivered = 1 WHERE task_id = ?1 AND delivered = 0
@@ -104,11 +113,11 @@ impl Store {
                 }),
                 _ => None,
             };
-            Ok(Some((TaskId(id), token, resume, new_notes)))
+            Ok(Some((TaskId(id), token, resume, new_notes, queue_wait_s)))
         })?;
-        let Some((id, token, resume, new_notes)) = claimed else { return Ok(None) };
+        let Some((id, token, resume, new_notes, queue_wait_s)) = claimed else { return Ok(None) };
         let task = self.get(id)?;
-        Ok(Some(Claim { task, token, resume, new_notes }))
+        Ok(Some(Claim { task, token, resume, new_notes, queue_wait_s }))
     }
 
     /// Extends the lease of a running task. Fails with [`Error::StaleLease`] when the token no

@@ -82,7 +82,7 @@ impl Store {
                 Outcome::Done { result } => {
                     tx.exec(
                         &format!(
-                            "UPDATE tasks SET status = 'done', error = NULL,
+                            "UPDATE tasks SET status = 'done', error = NULL, failure_kind = NULL,
                                question = NULL, finished_at = ?1, updated_at = ?1, {END_RUN}
                              WHERE id = ?2"
                         ),
@@ -91,24 +91,28 @@ impl Store {
                     write_result(tx, id, Some(result))?;
                     notes_ended_first(tx, id)?;
                 }
-                Outcome::Failed { error, result, backoff_s } if attempts < max_attempts => {
+                Outcome::Failed { error, kind, result, backoff_s } if attempts < max_attempts => {
                     // A run that was delivering an answer keeps it, so the next attempt still
                     // delivers it; that attempt is counted here, since a resuming claim does
                     // not count one.
                     tx.exec(
-                        "UPDATE tasks SET status = 'queued', error = ?1,
+                        "UPDATE tasks SET status = 'queued', error = ?1, failure_kind = ?5,
                            worker = NULL, not_before = ?2 + ?3, updated_at = ?2,
                            attempts = attempts + CASE WHEN pending_answer IS NULL THEN 0 ELSE 1 END,
                            lease_until = NULL, cancel_requested = 0, agent_pid = NULL,
                            agent_started = NULL, parked_worker = NULL
                          WHERE id = ?4",
-                        args![error, now, backoff_s.max(0.0), id.0],
+                        args![error, now, backoff_s.max(0.0), id.0, kind.as_str()],
                     )?;
                     write_result(tx, id, result.as_deref())?;
                 }
-                Outcome::Failed { error, result, .. }
-                | Outcome::FailedPermanently { error, result } => {
+                Outcome::Failed { error, kind, result, .. }
+                | Outcome::FailedPermanently { error, kind, result } => {
                     end_terminal(tx, now, id, TaskStatus::Failed, Some(error), result.as_deref())?;
+                    tx.exec(
+                        "UPDATE tasks SET failure_kind = ?1 WHERE id = ?2",
+                        args![kind.as_str(), id.0],
+                    )?;
                 }
                 Outcome::Released => {
                     tx.exec(

@@ -6,17 +6,21 @@
 //! The transitions are grouped as a task lives them: submitting (`submit.rs`), reading
 //! (`reads.rs`), a worker's claim, lease and the reaping of lapsed ones (`claim.rs`), what a run
 //! records and how it finishes (`finish.rs`), what users and planners do to a task (`user.rs`:
-//! cancel, retry, answers, notes, priorities, merges, clearing), and the workers' registry and
-//! the queue's settings and health (`workers.rs`). The helpers they share are below.
+//! cancel, retry, answers, notes, priorities, merges, clearing), the workers' registry and
+//! the queue's settings and health (`workers.rs`), and how the queue has been going
+//! (`stats.rs`). The helpers they share are below.
 
 mod claim;
 mod finish;
 mod reads;
+mod stats;
 mod submit;
 mod user;
 mod workers;
 
 pub use finish::RunFacts;
+use stats::agent_label;
+pub use stats::{FinishedTask, QueueCounts, Recent};
 
 use crate::error::{Error, Result};
 use crate::location::Location;

@@ -283,6 +283,11 @@ fn insert_task(
         ],
     )?;
     if let Some(row) = inserted {
+        tx.exec(
+            "INSERT INTO counters (name, label, value) VALUES ('submitted', ?1, 1)
+             ON CONFLICT (name, label) DO UPDATE SET value = counters.value + 1",
+            args![agent_label(spec.agent.as_deref())],
+        )?;
         return Ok((TaskId(row.get(0)?), true));
     }
     let key = spec.request_id.clone();

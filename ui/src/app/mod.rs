@@ -54,8 +54,13 @@ pub enum ConfirmKind {
 
 pub enum Popup {
     Help,
+    /// The stats view, full screen; its figures once loaded.
+    Stats(Option<Box<crate::stats::Stats>>),
     Confirm(ConfirmKind),
-    Editor { kind: EditorKind, area: Box<TextArea<'static>> },
+    Editor {
+        kind: EditorKind,
+        area: Box<TextArea<'static>>,
+    },
     NewTask(Box<NewTask>),
     Choose(Box<Choice>),
 }
@@ -85,6 +90,8 @@ pub enum Effect {
     LoadDiff(i64),
     /// The tasks related to this one, drawn as a tree.
     LoadPlan(i64),
+    /// The stats view's figures, from the tasks that finished in the last day.
+    LoadStats,
     Queue(Op),
     Bell {
         title: String,
@@ -109,6 +116,9 @@ pub enum Event {
         workers: Vec<String>,
     },
     DetailLoaded(Box<Task>),
+    StatsLoaded(Box<crate::stats::Stats>),
+    /// The queue could not be read for the stats view (it says so; nothing else reloads).
+    StatsFailed(String),
     /// Other unmerged tasks that changed the same paths as this one, one line each.
     OverlapsLoaded {
         id: i64,
@@ -257,7 +267,8 @@ impl Model {
     pub fn mode(&self) -> Mode {
         match &self.popup {
             None => Mode::Normal,
-            Some(Popup::Help) => Mode::Help,
+            // The stats view closes with the help screen's keys.
+            Some(Popup::Help) | Some(Popup::Stats(_)) => Mode::Help,
             Some(Popup::Confirm(_)) => Mode::Confirm,
             Some(Popup::Editor { .. }) | Some(Popup::NewTask(_)) => Mode::Editor,
             Some(Popup::Choose(_)) => Mode::Choice,
@@ -332,7 +343,21 @@ impl Model {
                     _ => vec![],
                 }
             }
-            Event::Loaded { rows, counts, workers } => self.loaded(rows, counts, workers),
+            Event::Loaded { rows, counts, workers } => {
+                let mut effects = self.loaded(rows, counts, workers);
+                // The queue changed: an open stats view is drawn again from it.
+                if matches!(self.popup, Some(Popup::Stats(_))) {
+                    effects.push(Effect::LoadStats);
+                }
+                effects
+            }
+            Event::StatsFailed(e) => self.say(format!("error: reading the stats: {e}")),
+            Event::StatsLoaded(s) => {
+                if let Some(Popup::Stats(shown)) = &mut self.popup {
+                    *shown = Some(s);
+                }
+                vec![]
+            }
             Event::DetailLoaded(t) => {
                 if Some(t.id.0) == self.selected_id()
                     || self.detail.as_ref().is_some_and(|d| d.id == t.id)
@@ -522,7 +547,7 @@ impl Model {
             Mode::Confirm => return self.update_confirm(action),
             Mode::Choice => return self.update_choice(action),
             Mode::Help => {
-                if matches!(action, Action::ToggleHelp | Action::Dismiss) {
+                if matches!(action, Action::ToggleHelp | Action::Dismiss | Action::OpenStats) {
                     self.popup = None;
                 }
                 return vec![];
@@ -556,6 +581,10 @@ impl Model {
             Action::OpenDiff => self.open(RightPane::Diff),
             Action::OpenQuestions => self.open(RightPane::Questions),
             Action::OpenPlan => self.open(RightPane::Plan),
+            Action::OpenStats => {
+                self.popup = Some(Popup::Stats(None));
+                vec![Effect::LoadStats]
+            }
             Action::MergeTask => self.merge(),
             Action::FollowupTask => self.followup(),
             Action::AnswerTask => self.answer(),

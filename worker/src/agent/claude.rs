@@ -374,11 +374,13 @@ pub fn diagnose(e: &AgentError, model: Option<&str>) -> crate::diagnose::Diagnos
                 e.status.map(|s| format!(", HTTP {s}")).unwrap_or_default()
             ),
             retryable: false,
+            kind: queue::FailureKind::Auth,
         };
     }
     crate::diagnose::Diagnosis {
         message: format!("Claude Code failed ({model}): {}: {}", e.name, e.message),
         retryable: e.retryable.unwrap_or(true),
+        kind: queue::FailureKind::Provider,
     }
 }
 

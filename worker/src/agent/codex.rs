@@ -192,11 +192,13 @@ pub fn diagnose(e: &AgentError, model: Option<&str>) -> crate::diagnose::Diagnos
                 e.message
             ),
             retryable: false,
+            kind: queue::FailureKind::Auth,
         };
     }
     crate::diagnose::Diagnosis {
         message: format!("Codex failed ({model}): {}", e.message),
         retryable: e.retryable.unwrap_or(true),
+        kind: queue::FailureKind::Provider,
     }
 }
 

@@ -29,6 +29,7 @@ use crate::error::{Error, Result};
 use crate::events::Usage;
 use crate::logs::TaskLog;
 use crate::process::StopReason;
+use crate::trace::Attempt;
 use queue::{Outcome, Task};
 use std::path::PathBuf;
 use tokio::sync::watch;
@@ -88,22 +89,35 @@ impl From<Outcome> for End {
 /// A stage's value, or the run's end.
 pub(crate) type Stage<T> = std::result::Result<T, End>;
 
+/// What the claim hands the run besides its task and token.
+pub(crate) struct Given {
+    /// The answer a resumed session goes on with.
+    pub resume: Option<queue::Resume>,
+    /// The planner's notes not yet given to the agent.
+    pub new_notes: Vec<String>,
+}
+
 impl Worker {
     /// Runs the task's stages; `None` when the lease was lost (nothing may be written).
     pub(crate) async fn run_once(
         &self,
         task: &Task,
         token: i64,
-        resume: Option<queue::Resume>,
-        new_notes: Vec<String>,
+        given: Given,
         log: &mut TaskLog,
         stop: watch::Receiver<Option<StopReason>>,
+        attempt: &Attempt,
     ) -> Result<Option<Outcome>> {
+        let Given { resume, new_notes } = given;
         let stages = async {
-            let mut run = self.prepare(task, token, log).await?;
+            let mut run = {
+                let _step = attempt.step("worktree");
+                self.prepare(task, token, log).await?
+            };
             run.walled = self.wall(&run, log).await?;
             let mut talk = prompt::Conversation::new(&run, resume, &new_notes, &self.cfg);
-            let res = self.turns(&run, &mut talk, &new_notes, log, stop).await?;
+            let res = self.turns(&run, &mut talk, &new_notes, log, stop, attempt).await?;
+            let _step = attempt.step("commit");
             self.finish(&run, res, log).await
         };
         let ended = stages.await;

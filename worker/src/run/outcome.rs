@@ -11,7 +11,7 @@ use crate::events::{AgentError, Usage};
 use crate::models;
 use crate::process::{AgentExit, StopReason};
 use crate::result::{self, TaskResult};
-use queue::{Outcome, TaskId};
+use queue::{FailureKind, Outcome, TaskId};
 
 /// How a turn ended.
 #[derive(Debug)]
@@ -44,6 +44,7 @@ pub(super) fn assess(exit: &AgentExit, run: &Run<'_>, rejected: Option<&str>) ->
         Some(StopReason::Timeout) => Some(Diagnosis {
             message: format!("timed out after {} s", run.task.timeout_s),
             retryable: true,
+            kind: FailureKind::Timeout,
         }),
         // Stopped to wait for a decision: not a failure.
         None if exit.waiting.is_some() && exit.run.error_detail.is_none() => None,
@@ -68,6 +69,7 @@ pub(super) fn assess(exit: &AgentExit, run: &Run<'_>, rejected: Option<&str>) ->
         rejected.map(|what| Diagnosis {
             message: format!("stopped: the answer rejected {what}"),
             retryable: false,
+            kind: FailureKind::Rejected,
         })
     });
     if let Some(d) = failure {
@@ -149,7 +151,8 @@ impl Worker {
                         run.spec.kind.name()
                     );
                     let result = Some(Box::new(res));
-                    return Err(Outcome::Failed { error, result, backoff_s: 0.0 }.into());
+                    let kind = FailureKind::Rejected;
+                    return Err(Outcome::Failed { error, kind, result, backoff_s: 0.0 }.into());
                 };
                 let result = Some(Box::new(res));
                 return Err(Outcome::Waiting { question, session_id, result, ask: None }.into());
@@ -169,10 +172,13 @@ impl Worker {
         self.fill_diff(task, dir, &mut res, false).await;
         let result = Some(Box::new(res));
         Err(match d.retryable {
-            false => Outcome::FailedPermanently { error: d.message, result },
-            true => {
-                Outcome::Failed { error: d.message, result, backoff_s: self.backoff(task.attempts) }
-            }
+            false => Outcome::FailedPermanently { error: d.message, kind: d.kind, result },
+            true => Outcome::Failed {
+                error: d.message,
+                kind: d.kind,
+                result,
+                backoff_s: self.backoff(task.attempts),
+            },
         }
         .into())
     }
@@ -189,6 +195,7 @@ impl Worker {
                 return Diagnosis {
                     message: format!("{unknown}; the task cannot run with it"),
                     retryable: false,
+                    kind: FailureKind::Model,
                 };
             }
         }
@@ -251,7 +258,14 @@ mod tests {
         assert!(matches!(assess(&stopped(StopReason::Shutdown), &run, None), Verdict::Released));
         assert!(matches!(assess(&stopped(StopReason::Cancel), &run, None), Verdict::Cancelled));
         let d = failed(assess(&stopped(StopReason::Timeout), &run, None));
-        assert_eq!(d, Diagnosis { message: "timed out after 1 s".into(), retryable: true });
+        assert_eq!(
+            d,
+            Diagnosis {
+                message: "timed out after 1 s".into(),
+                retryable: true,
+                kind: FailureKind::Timeout
+            }
+        );
     }
 
     #[test]

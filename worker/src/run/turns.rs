@@ -33,6 +33,7 @@ impl Worker {
         new_notes: &[String],
         log: &mut TaskLog,
         stop: Stop,
+        attempt: &crate::trace::Attempt,
     ) -> Stage<TaskResult> {
         let (task, id) = (run.task, run.task.id);
         let verify =
@@ -40,7 +41,10 @@ impl Worker {
         let mut verification: Vec<Check> = Vec::new();
         let mut round = 0u32;
         loop {
+            let mut span = attempt.turn(task);
             let exit = self.turn(run, talk, new_notes, log, stop.clone()).await?;
+            span.usage(&exit.run.usage);
+            drop(span);
             let mut res = outcome::result_of(&exit, run, &talk.carried);
             if let Some(session) = &exit.run.session_id {
                 let facts = RunFacts { session_id: Some(session.clone()), ..Default::default() };
@@ -54,7 +58,12 @@ impl Worker {
                 return Ok(res);
             }
             round += 1;
+            let mut span = attempt.step("verify");
             let (checks, failed) = crate::verify::run_checks(&run.dir, &verify, round, log).await;
+            if let Some(f) = &failed {
+                span.failed(&format!("`{}` failed", f.command));
+            }
+            drop(span);
             verification.extend(checks);
             res.verification = verification.clone();
             let Some(f) = failed else {
@@ -65,9 +74,12 @@ impl Worker {
                 res.verified = Some(false);
                 self.fill_diff(task, &run.dir, &mut res, false).await;
                 let error = verification_failed(&f, verify.rounds);
-                return Err(
-                    Outcome::FailedPermanently { error, result: Some(Box::new(res)) }.into()
-                );
+                return Err(Outcome::FailedPermanently {
+                    error,
+                    kind: queue::FailureKind::Checks,
+                    result: Some(Box::new(res)),
+                }
+                .into());
             }
             log.line(&format!(
                 "verification failed: sending `{}`'s output back to the agent (fix round {round} \
@@ -113,7 +125,8 @@ impl Worker {
         let delivery = self.delivery(server, run, talk, new_notes).await;
         if let (Some(what), Delivery::Prompt(_)) = (&talk.rejected, &delivery) {
             let error = format!("stopped: the answer rejected {what}");
-            return Err(Outcome::FailedPermanently { error, result: None }.into());
+            let kind = queue::FailureKind::Rejected;
+            return Err(Outcome::FailedPermanently { error, kind, result: None }.into());
         }
         if let (Delivery::Prompt(_), Some(approved)) = (&delivery, talk.approved()) {
             // The blocked request is gone: an approval must still hold when the agent asks again
@@ -135,10 +148,16 @@ impl Worker {
             Ok(exit) => Ok(exit),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 let error = self.opencode_not_found();
-                Err(Outcome::FailedPermanently { error, result: None }.into())
+                Err(Outcome::FailedPermanently {
+                    error,
+                    kind: queue::FailureKind::Launch,
+                    result: None,
+                }
+                .into())
             }
             Err(e) => Err(Outcome::Failed {
                 error: format!("the OpenCode server failed: {e}"),
+                kind: queue::FailureKind::Exit,
                 result: None,
                 backoff_s: self.backoff(task.attempts),
             }
@@ -223,7 +242,7 @@ impl Worker {
                     std::io::ErrorKind::NotFound => self.opencode_not_found(),
                     _ => format!("could not start '{}': {e}", program.display()),
                 };
-                Outcome::FailedPermanently { error, result: None }
+                Outcome::FailedPermanently { error, kind: queue::FailureKind::Launch, result: None }
             })?;
             let migration_race = exit.stopped.is_none()
                 && exit.exit_code != Some(0)
@@ -250,7 +269,8 @@ impl Worker {
         let (task, dir, model) = (run.task, run.dir.as_path(), run.model.as_deref());
         if let Some(what) = &talk.rejected {
             let error = format!("stopped: the answer rejected {what}");
-            return Err(Outcome::FailedPermanently { error, result: None }.into());
+            let kind = queue::FailureKind::Rejected;
+            return Err(Outcome::FailedPermanently { error, kind, result: None }.into());
         }
         let session = talk.session(task);
         let mut grants = crate::decisions::always_grants(task);
@@ -258,7 +278,8 @@ impl Worker {
         grants.once.extend(talk.approved());
         let program = self.program(kind).to_path_buf();
         if let Some(missing) = kind.missing(&program, &self.cfg.env) {
-            return Err(Outcome::FailedPermanently { error: missing, result: None }.into());
+            let kind = queue::FailureKind::Launch;
+            return Err(Outcome::FailedPermanently { error: missing, kind, result: None }.into());
         }
         let (args, stdin, mut protocol): (_, _, Box<dyn crate::agent::AgentProtocol>) = match kind {
             AgentKind::ClaudeCode => {
@@ -318,7 +339,8 @@ impl Worker {
         .await;
         exit.map_err(|e| {
             let error = format!("could not start '{}': {e}", self.program(kind).display());
-            Outcome::FailedPermanently { error, result: None }.into()
+            Outcome::FailedPermanently { error, kind: queue::FailureKind::Launch, result: None }
+                .into()
         })
     }
 

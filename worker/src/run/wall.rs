@@ -76,7 +76,12 @@ impl Worker {
                  \"warn\" to run it with the agent's own rules only)",
                 unheld.join("; ")
             );
-            return Err(Outcome::FailedPermanently { error, result: None }.into());
+            return Err(Outcome::FailedPermanently {
+                error,
+                kind: queue::FailureKind::Sandbox,
+                result: None,
+            }
+            .into());
         }
         if !kernel.walls() {
             let why = kernel.cannot_hold(Rule::Readonly).unwrap_or_default();
@@ -180,7 +185,8 @@ impl Worker {
     fn wall_failed(&self, task: &Task, why: String) -> super::End {
         let error = format!("could not put the agent inside its sandbox: {why}");
         tracing::warn!(task = %task.id, "{error}");
-        Outcome::Failed { error, result: None, backoff_s: self.backoff(task.attempts) }.into()
+        let kind = queue::FailureKind::Sandbox;
+        Outcome::Failed { error, kind, result: None, backoff_s: self.backoff(task.attempts) }.into()
     }
 
     /// What `run`'s agent may touch: see the module's documentation.

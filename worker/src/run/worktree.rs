@@ -80,7 +80,13 @@ impl Worker {
             && let Some(error) = self.setup(task, &start, &dir, log).await
         {
             let backoff_s = self.backoff(task.attempts);
-            return Err(Outcome::Failed { error, result: None, backoff_s }.into());
+            return Err(Outcome::Failed {
+                error,
+                kind: queue::FailureKind::Setup,
+                result: None,
+                backoff_s,
+            }
+            .into());
         }
         let model = self.model_for(task, &spec).await;
         Ok(Run {
@@ -169,7 +175,12 @@ impl Worker {
             // the next attempt goes elsewhere.
             Err(e) if e.permanent && !(place.at_parents.is_some() && place.spare.is_none()) => {
                 let error = format!("could not prepare the worktree: {e}");
-                Err(Outcome::FailedPermanently { error, result: None }.into())
+                Err(Outcome::FailedPermanently {
+                    error,
+                    kind: queue::FailureKind::Worktree,
+                    result: None,
+                }
+                .into())
             }
             // A lock, a crash's leftovers we could not clear yet, a file system hiccup: another
             // attempt, after the backoff, may well succeed.
@@ -177,6 +188,7 @@ impl Worker {
                 error: format!(
                     "could not prepare the worktree (another attempt may fix this): {e}"
                 ),
+                kind: queue::FailureKind::Worktree,
                 result: None,
                 backoff_s: self.backoff(task.attempts),
             }
@@ -237,7 +249,8 @@ impl Worker {
             c.paths.join(", ")
         );
         log.line(&error);
-        Err(Outcome::FailedPermanently { error, result: None }.into())
+        Err(Outcome::FailedPermanently { error, kind: queue::FailureKind::Conflict, result: None }
+            .into())
     }
 
     /// Runs the repository's set-up commands in a new worktree. Returns an error message if one
@@ -304,6 +317,7 @@ impl Worker {
             log.line(&error);
             return Ok(Outcome::Failed {
                 error,
+                kind: queue::FailureKind::Worktree,
                 result: Some(Box::new(res)),
                 backoff_s: self.backoff(task.attempts),
             });
