@@ -5,7 +5,8 @@
 //!   cargo test  --bench pickup       small run (20 tasks): a smoke test
 //!
 //! Prints `bench=worker.pickup.<where> n=.. p50_ms=.. p99_ms=.. max_ms=..` for a worker in another
-//! process (woken by the database watch) and one in the submitting process (woken at once). The
+//! process (woken by the database watch), the same with its `/metrics` scraped meanwhile (and the
+//! ratio of the two medians, `metrics_cost`), and one in the submitting process (woken at once). The
 //! figure includes the claim, the git worktree on its own branch, and the spawn of the agent (a
 //! shell script that runs `date`, which adds about a millisecond).
 #![allow(clippy::unwrap_used)]
@@ -38,24 +39,36 @@ fn main() {
     home.ensure().unwrap();
     let store = queue::Store::open(home.db_path()).unwrap();
 
-    let mut worker = Command::new(env!("CARGO_BIN_EXE_taskbridge"))
-        .args(["worker", "--concurrency", "1"])
-        .env("TASKBRIDGE_HOME", home.root())
-        .env("TASKBRIDGE_OPENCODE", &agent)
-        .env("TASKBRIDGE_OPENCODE_MODE", "run")
-        .env("TASKBRIDGE_LOG", "warn")
-        // The stand-in records where the wall lets it.
-        .env("TASKBRIDGE_SANDBOX_WRITABLE", dir.path())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    // Let the worker come up and go idle.
-    std::thread::sleep(Duration::from_millis(500));
-    let lat = measure(&store, &repo, &agent_log, n);
-    let _ = worker.kill();
-    let _ = worker.wait();
-    report("cross_process", lat);
+    // A worker in another process, and the same with `--metrics-listen` and a scraper reading
+    // /metrics every second (Prometheus reads every 15 s by default), side by side: halves
+    // taken in turn, so that a machine that slows down during the run slows both.
+    let (mut plain, mut scraped) = (Vec::new(), Vec::new());
+    for _ in 0..2 {
+        plain.extend(cross_process(
+            &home,
+            dir.path(),
+            &agent,
+            &store,
+            &repo,
+            &agent_log,
+            n / 2,
+            false,
+        ));
+        scraped.extend(cross_process(
+            &home,
+            dir.path(),
+            &agent,
+            &store,
+            &repo,
+            &agent_log,
+            n / 2,
+            true,
+        ));
+    }
+    let ratio = median(&scraped) / median(&plain);
+    report("cross_process", plain);
+    report("cross_process_scraped", scraped);
+    println!("bench=worker.pickup.metrics_cost p50_ratio={ratio:.4}");
 
     // The same with the worker in this process, sharing the store handle; then again without
     // the sandbox, side by side: the difference is what the wall costs a task (building the
@@ -90,6 +103,86 @@ fn main() {
 
     recovery(dir.path(), if full { 20 } else { 3 }, false);
     recovery(dir.path(), if full { 20 } else { 3 }, true);
+}
+
+/// `n` pickups by a `taskbridge worker` of its own; with `scrape`, its `/metrics` listener read
+/// every second meanwhile.
+#[allow(clippy::too_many_arguments)]
+fn cross_process(
+    home: &queue::Home,
+    dir: &Path,
+    agent: &Path,
+    store: &queue::Store,
+    repo: &Path,
+    agent_log: &Path,
+    n: usize,
+    scrape: bool,
+) -> Vec<f64> {
+    use std::io::{BufRead, Read, Write};
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_taskbridge"));
+    cmd.args(["worker", "--concurrency", "1"])
+        .env("TASKBRIDGE_HOME", home.root())
+        .env("TASKBRIDGE_OPENCODE", agent)
+        .env("TASKBRIDGE_OPENCODE_MODE", "run")
+        .env("TASKBRIDGE_LOG", "warn")
+        // The stand-in records where the wall lets it.
+        .env("TASKBRIDGE_SANDBOX_WRITABLE", dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    if scrape {
+        cmd.args(["--metrics-listen", "127.0.0.1:0"]);
+    }
+    let mut worker = cmd.spawn().unwrap();
+    let mut lines = std::io::BufReader::new(worker.stderr.take().unwrap()).lines();
+    let port: Option<u16> = scrape.then(|| {
+        loop {
+            let line = lines.next().unwrap().unwrap();
+            if let Some(rest) = line.split("http://127.0.0.1:").nth(1) {
+                break rest.split('/').next().unwrap().parse().unwrap();
+            }
+        }
+    });
+    // Drained, so the worker never blocks on a full pipe.
+    std::thread::spawn(move || lines.for_each(drop));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let scraper = port.map(|port| {
+        let token = std::fs::read_to_string(home.root().join("token")).unwrap();
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut scrapes = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+                write!(
+                    s,
+                    "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {}\r\nConnection: close\r\n\r\n",
+                    token.trim()
+                )
+                .unwrap();
+                let mut body = String::new();
+                s.read_to_string(&mut body).unwrap();
+                assert!(body.contains("taskbridge_tasks{"), "{body}");
+                scrapes += 1;
+                std::thread::sleep(Duration::from_secs(1));
+            }
+            scrapes
+        })
+    });
+    // Let the worker come up and go idle.
+    std::thread::sleep(Duration::from_millis(500));
+    let lat = measure(store, repo, agent_log, n);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    if let Some(s) = scraper {
+        assert!(s.join().unwrap() > 0, "the scraper read /metrics");
+    }
+    let _ = worker.kill();
+    let _ = worker.wait();
+    lat
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
 }
 
 /// kill -9 of `taskbridge serve` while its agent runs, then a new `serve`: the time from the new

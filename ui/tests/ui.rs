@@ -627,3 +627,46 @@ fn workers_on_several_hosts_are_named_in_the_header_and_a_task_shows_its_host() 
     assert!(text.contains("3 workers alive on build-2, devbox"), "{text}");
     assert!(text.contains("host build-2 (worker build-2:4242:17)"), "{text}");
 }
+
+#[test]
+fn s_opens_the_stats_view_which_follows_the_queue_and_closes_with_s_or_esc() {
+    let mut m = busy();
+    assert_eq!(ch(&mut m, 's'), vec![Effect::LoadStats]);
+    assert!(matches!(m.popup, Some(Popup::Stats(None))));
+    assert!(screen_text(&m, 100, 30).contains("Reading the queue"));
+    let recent = queue::Recent {
+        now: NOW,
+        tasks: vec![queue::FinishedTask {
+            id: TaskId(2),
+            agent: "claude-code".into(),
+            status: TaskStatus::Done,
+            finished_at: NOW - 5.0,
+            run_s: Some(120.0),
+            queue_wait_s: Some(0.5),
+            cost_usd: Some(0.5),
+            failure_kind: None,
+        }],
+    };
+    m.handle(Event::StatsLoaded(Box::new(taskbridge_ui::stats::Stats::of(&recent))));
+    let text = screen_text(&m, 120, 40);
+    assert!(text.contains("Tasks finished per 10 minutes: 1 in 24 h"), "{text}");
+    assert!(text.contains("$0.50 in 24 h"), "{text}");
+    assert!(text.contains("claude-code 1 / 0 / 0"), "{text}");
+    assert!(text.contains("run time    p50  2.0 min  p90  2.0 min  p99  2.0 min"), "{text}");
+    // A change in the queue reads the figures again while the view is open.
+    let fx =
+        m.handle(Event::Loaded { rows: busy().rows, counts: BTreeMap::new(), workers: vec![] });
+    assert!(fx.contains(&Effect::LoadStats), "{fx:?}");
+    ch(&mut m, 's');
+    assert!(m.popup.is_none());
+    let fx =
+        m.handle(Event::Loaded { rows: busy().rows, counts: BTreeMap::new(), workers: vec![] });
+    assert!(!fx.contains(&Effect::LoadStats), "closed: {fx:?}");
+    ch(&mut m, 's');
+    key(&mut m, KeyCode::Esc);
+    assert!(m.popup.is_none(), "Esc closes it too");
+    // A queue that cannot be read says so, and nothing loops on it.
+    ch(&mut m, 's');
+    assert!(m.handle(Event::StatsFailed("database is locked".into())).is_empty());
+    assert!(m.message.as_deref().unwrap().contains("reading the stats: database is locked"));
+}

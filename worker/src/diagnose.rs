@@ -220,4 +220,20 @@ mod tests {
         assert!(!d.retryable && d.message.contains("configuration is invalid"), "{d:?}");
         assert!(exit_failure(Some(1), "something transient").retryable);
     }
+
+    #[test]
+    fn each_failure_has_the_kind_dashboards_group_it_by() {
+        let used = ModelUsed::default();
+        let kind =
+            |name: &str, msg: &str, status| agent_error(&err(name, msg, status, None), &used).kind;
+        assert_eq!(kind("APIError", "invalid x-api-key", Some(401)), FailureKind::Auth);
+        assert_eq!(kind("ProviderAuthError", "no key", None), FailureKind::Auth);
+        assert_eq!(kind("APIError", "no such model", Some(404)), FailureKind::Model);
+        assert_eq!(kind("APIError", "fetch failed", None), FailureKind::Connection);
+        assert_eq!(kind("APIError", "bad", Some(400)), FailureKind::Provider);
+        assert_eq!(kind("APIError", "overloaded", Some(529)), FailureKind::Provider);
+        assert_eq!(exit_failure(Some(1), "ConfigInvalidError").kind, FailureKind::Launch);
+        assert_eq!(exit_failure(Some(1), "transient").kind, FailureKind::Exit);
+        assert_eq!(cli_exit_failure("codex", Some(2), "").kind, FailureKind::Exit);
+    }
 }

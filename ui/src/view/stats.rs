@@ -50,12 +50,10 @@ pub(super) fn draw_stats(stats: Option<&Stats>, f: &mut Frame, area: Rect) {
         bars,
     );
 
-    let [times, agents, failures] = Layout::horizontal([
-        Constraint::Percentage(40),
-        Constraint::Percentage(30),
-        Constraint::Percentage(30),
-    ])
-    .areas(tables);
+    // The percentiles take what their three columns need; the lists share the rest.
+    let [times, agents, failures] =
+        Layout::horizontal([Constraint::Length(56), Constraint::Fill(1), Constraint::Fill(1)])
+            .areas(tables);
     let bold = Style::new().add_modifier(Modifier::BOLD);
     let row = |name: &str, p: &Percentiles| {
         if p.n == 0 {
