@@ -42,28 +42,12 @@ fn main() {
     // A worker in another process, and the same with `--metrics-listen` and a scraper reading
     // /metrics every second (Prometheus reads every 15 s by default), side by side: halves
     // taken in turn, so that a machine that slows down during the run slows both.
+    let half =
+        |scrape| cross_process(&home, dir.path(), &agent, &store, &repo, &agent_log, n / 2, scrape);
     let (mut plain, mut scraped) = (Vec::new(), Vec::new());
     for _ in 0..2 {
-        plain.extend(cross_process(
-            &home,
-            dir.path(),
-            &agent,
-            &store,
-            &repo,
-            &agent_log,
-            n / 2,
-            false,
-        ));
-        scraped.extend(cross_process(
-            &home,
-            dir.path(),
-            &agent,
-            &store,
-            &repo,
-            &agent_log,
-            n / 2,
-            true,
-        ));
+        plain.extend(half(false));
+        scraped.extend(half(true));
     }
     let ratio = median(&scraped) / median(&plain);
     report("cross_process", plain);

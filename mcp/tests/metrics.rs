@@ -44,29 +44,47 @@ async fn check(port: u16) {
     assert!(body.ends_with("# EOF\n"), "{body}");
 }
 
-#[tokio::test]
-async fn the_mcp_listener_serves_metrics_behind_its_token() {
+/// A world with one queued task, and `cfg` served on a loopback port: the MCP listener, or (with
+/// `alone`) the metrics listener.
+async fn serving(cfg: impl FnOnce(&common::World) -> HttpConfig, alone: bool) -> Serving {
     let w = common::world().await;
     w.call("submit_task", serde_json::json!({"prompt": "count me"})).await;
-    let cfg = config(&w);
+    let cfg = cfg(&w);
     let listener = bind(&cfg).await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let stop = CancellationToken::new();
-    let server = tokio::spawn(serve_http(w.server.clone(), listener, cfg, stop.clone()));
-    check(port).await;
-    stop.cancel();
-    server.await.unwrap().unwrap();
+    let server = match alone {
+        true => tokio::spawn(serve_metrics(listener, cfg, stop.clone())),
+        false => tokio::spawn(serve_http(w.server.clone(), listener, cfg, stop.clone())),
+    };
+    Serving { _w: w, port, stop, server }
+}
+
+struct Serving {
+    _w: common::World,
+    port: u16,
+    stop: CancellationToken,
+    server: tokio::task::JoinHandle<taskbridge_mcp::Result<()>>,
+}
+
+impl Serving {
+    async fn stop(self) {
+        self.stop.cancel();
+        self.server.await.unwrap().unwrap();
+    }
+}
+
+#[tokio::test]
+async fn the_mcp_listener_serves_metrics_behind_its_token() {
+    let s = serving(config, false).await;
+    check(s.port).await;
+    s.stop().await;
 }
 
 #[tokio::test]
 async fn a_metrics_listener_serves_them_alone() {
-    let w = common::world().await;
-    w.call("submit_task", serde_json::json!({"prompt": "count me"})).await;
-    let cfg = config(&w);
-    let listener = bind(&cfg).await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let stop = CancellationToken::new();
-    let server = tokio::spawn(serve_metrics(listener, cfg, stop.clone()));
+    let s = serving(config, true).await;
+    let port = s.port;
     check(port).await;
     // It is only that: no MCP there.
     let r = reqwest::Client::new()
@@ -76,19 +94,12 @@ async fn a_metrics_listener_serves_them_alone() {
         .await
         .unwrap();
     assert_eq!(r.status().as_u16(), 404);
-    stop.cancel();
-    server.await.unwrap().unwrap();
+    s.stop().await;
 }
 
 #[tokio::test]
 async fn without_a_queue_to_report_there_is_no_metrics_route() {
-    let w = common::world().await;
-    let cfg = HttpConfig { metrics: None, ..config(&w) };
-    let listener = bind(&cfg).await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let stop = CancellationToken::new();
-    let server = tokio::spawn(serve_http(w.server.clone(), listener, cfg, stop.clone()));
-    assert_eq!(get(port, Some(TOKEN)).await.0, 404);
-    stop.cancel();
-    server.await.unwrap().unwrap();
+    let s = serving(|w| HttpConfig { metrics: None, ..config(w) }, false).await;
+    assert_eq!(get(s.port, Some(TOKEN)).await.0, 404);
+    s.stop().await;
 }

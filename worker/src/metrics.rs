@@ -244,3 +244,96 @@ pub fn render(store: &Store) -> Result<String> {
 fn gauge(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use queue::{TaskSpec, Usage};
+    use std::time::Duration;
+
+    fn line<'a>(text: &'a str, start: &str) -> &'a str {
+        text.lines().find(|l| l.starts_with(start)).unwrap_or_else(|| panic!("{start}: {text}"))
+    }
+
+    // One test: the process's counts are one set, which tests in parallel would share.
+    #[test]
+    fn a_run_that_waited_for_an_answer_is_counted_with_its_spend_and_the_queues_state() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path().join("q.db")).unwrap();
+        let spec = TaskSpec::new("p", "/r", "0123456789abcdef0123456789abcdef01234567");
+        let id = store.submit(TaskSpec { model: Some("m/x".into()), ..spec }).unwrap().0.id;
+        let lease = Duration::from_secs(30);
+        let first = store.claim_next("w", "h", lease).unwrap().unwrap();
+        claimed(&first);
+        let spent = |input, output, cost| TaskResult {
+            usage: Usage {
+                input_tokens: input,
+                output_tokens: output,
+                cost_usd: Some(cost),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let waiting = Outcome::Waiting {
+            question: "Which?".into(),
+            session_id: "ses".into(),
+            result: Some(Box::new(spent(100, 10, 0.5))),
+            ask: None,
+        };
+        finished(&first.task, &waiting, 2.0);
+        store.finish(id, first.token, waiting).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        store.answer(id, "that one", "test").unwrap();
+        let resumed = store.claim_next("w", "h", lease).unwrap().unwrap();
+        assert!(resumed.resume.is_some());
+        claimed(&resumed);
+        // The result carries the whole task's spend; only what this run added counts again.
+        let done = Outcome::Done { result: Box::new(spent(150, 30, 0.75)) };
+        finished(&resumed.task, &done, 3.0);
+        store.finish(id, resumed.token, done).unwrap();
+
+        let timeout = Outcome::Failed {
+            error: "timed out".into(),
+            kind: queue::FailureKind::Timeout,
+            result: None,
+            backoff_s: 0.0,
+        };
+        finished(&resumed.task, &timeout, 0.0);
+
+        let text = render(&store).unwrap();
+        let errors = r#"taskbridge_agent_errors_total{agent="opencode",kind="timeout"}"#;
+        assert_eq!(line(&text, errors), format!("{errors} 1"));
+        assert!(text.contains("taskbridge_tasks{state=\"done\"} 1"), "{text}");
+        assert!(text.contains("taskbridge_tasks_submitted_total{agent=\"opencode\"} 1"), "{text}");
+        for outcome in ["waiting", "done"] {
+            let l = format!(
+                "taskbridge_tasks_finished_total{{agent=\"opencode\",outcome=\"{outcome}\"}} 1"
+            );
+            assert!(text.contains(&l), "{l}: {text}");
+        }
+        let input = r#"taskbridge_agent_tokens_total{agent="opencode",model="m/x",kind="input"}"#;
+        assert_eq!(line(&text, input), format!("{input} 150"));
+        let output = r#"taskbridge_agent_tokens_total{agent="opencode",model="m/x",kind="output"}"#;
+        assert_eq!(line(&text, output), format!("{output} 30"));
+        let cost = r#"taskbridge_agent_cost_usd_total{agent="opencode",model="m/x"}"#;
+        assert_eq!(line(&text, cost), format!("{cost} 0.75"));
+        assert_eq!(
+            line(&text, "taskbridge_queue_wait_seconds_count"),
+            "taskbridge_queue_wait_seconds_count 2"
+        );
+        assert_eq!(
+            line(&text, "taskbridge_task_run_seconds_sum"),
+            "taskbridge_task_run_seconds_sum 5.0"
+        );
+        let waited = r#"taskbridge_decision_wait_seconds_count{kind="question"}"#;
+        assert_eq!(line(&text, waited), format!("{waited} 1"));
+        let sum: f64 = line(&text, r#"taskbridge_decision_wait_seconds_sum{kind="question"}"#)
+            .rsplit(' ')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!((0.04..5.0).contains(&sum), "asked to answered: {sum}");
+        assert!(text.ends_with("# EOF\n"));
+    }
+}
