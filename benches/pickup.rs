@@ -3,6 +3,7 @@
 //!
 //!   cargo bench --bench pickup       full run (1,000 tasks)
 //!   cargo test  --bench pickup       small run (20 tasks): a smoke test
+//!   cargo bench --bench pickup -- metrics   only the metrics' cost (1,000 tasks each side)
 //!
 //! Prints `bench=worker.pickup.<where> n=.. p50_ms=.. p99_ms=.. max_ms=..` for a worker in another
 //! process (woken by the database watch), the same with its `/metrics` scraped meanwhile (and the
@@ -40,19 +41,27 @@ fn main() {
     let store = queue::Store::open(home.db_path()).unwrap();
 
     // A worker in another process, and the same with `--metrics-listen` and a scraper reading
-    // /metrics every second (Prometheus reads every 15 s by default), side by side: halves
-    // taken in turn, so that a machine that slows down during the run slows both.
-    let half =
-        |scrape| cross_process(&home, dir.path(), &agent, &store, &repo, &agent_log, n / 2, scrape);
+    // /metrics every second (Prometheus reads every 15 s by default), side by side: quarters in
+    // the order plain, scraped, scraped, plain, each in a fresh repository of its own, so that
+    // neither the machine slowing down nor the repository filling up with branches (pickups
+    // grow slower as it does) favours one side.
+    let quarter = |i: usize, scrape: bool| {
+        let repo = common::repo(dir.path(), &format!("metrics-{i}"));
+        cross_process(&home, dir.path(), &agent, &store, &repo, &agent_log, n / 4, scrape)
+    };
     let (mut plain, mut scraped) = (Vec::new(), Vec::new());
-    for _ in 0..2 {
-        plain.extend(half(false));
-        scraped.extend(half(true));
+    for (i, scrape) in [false, true, true, false].into_iter().enumerate() {
+        let lat = quarter(i, scrape);
+        if scrape { scraped.extend(lat) } else { plain.extend(lat) }
     }
     let ratio = median(&scraped) / median(&plain);
     report("cross_process", plain);
     report("cross_process_scraped", scraped);
     println!("bench=worker.pickup.metrics_cost p50_ratio={ratio:.4}");
+    // `-- metrics`: only this comparison.
+    if std::env::args().any(|a| a == "metrics") {
+        return;
+    }
 
     // The same with the worker in this process, sharing the store handle; then again without
     // the sandbox, side by side: the difference is what the wall costs a task (building the
