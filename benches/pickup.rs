@@ -3,7 +3,7 @@
 //!
 //!   cargo bench --bench pickup       full run (1,000 tasks)
 //!   cargo test  --bench pickup       small run (20 tasks): a smoke test
-//!   cargo bench --bench pickup -- metrics   only the metrics' cost (1,000 tasks each side)
+//!   cargo bench --bench pickup -- metrics   only the metrics' cost (1,000 tasks a side)
 //!
 //! Prints `bench=worker.pickup.<where> n=.. p50_ms=.. p99_ms=.. max_ms=..` for a worker in another
 //! process (woken by the database watch), the same with its `/metrics` scraped meanwhile (and the
@@ -25,7 +25,7 @@ fn now_ns() -> u128 {
 
 fn main() {
     let full = std::env::args().any(|a| a == "--bench");
-    let n = if full { 1000 } else { 20 };
+    let n: usize = if full { 1000 } else { 20 };
     let dir = tempfile::tempdir().unwrap();
     let repo = common::repo(dir.path(), "repo");
     let agent_log = dir.path().join("agent.log");
@@ -41,17 +41,17 @@ fn main() {
     let store = queue::Store::open(home.db_path()).unwrap();
 
     // A worker in another process, and the same with `--metrics-listen` and a scraper reading
-    // /metrics every second (Prometheus reads every 15 s by default), side by side: quarters in
-    // the order plain, scraped, scraped, plain, each in a fresh repository of its own, so that
-    // neither the machine slowing down nor the repository filling up with branches (pickups
-    // grow slower as it does) favours one side.
-    let quarter = |i: usize, scrape: bool| {
-        let repo = common::repo(dir.path(), &format!("metrics-{i}"));
-        cross_process(&home, dir.path(), &agent, &store, &repo, &agent_log, n / 4, scrape)
-    };
+    // /metrics every second (Prometheus reads every 15 s by default), side by side: blocks of
+    // 50 tasks in the order plain, scraped, scraped, plain, repeated, each block a worker of its
+    // own in a fresh repository, so that neither the machine's drift nor the repository filling
+    // up with branches (pickups grow slower as it does) favours one side.
+    let block = (n / 4).clamp(1, 50);
+    let blocks = (2 * n / block).div_ceil(4) * 4;
     let (mut plain, mut scraped) = (Vec::new(), Vec::new());
-    for (i, scrape) in [false, true, true, false].into_iter().enumerate() {
-        let lat = quarter(i, scrape);
+    for (i, scrape) in [false, true, true, false].into_iter().cycle().take(blocks).enumerate() {
+        let repo = common::repo(dir.path(), &format!("metrics-{i}"));
+        let lat =
+            cross_process(&home, dir.path(), &agent, &store, &repo, &agent_log, block, scrape);
         if scrape { scraped.extend(lat) } else { plain.extend(lat) }
     }
     let ratio = median(&scraped) / median(&plain);
