@@ -4,6 +4,7 @@
 //!   cargo bench --bench pickup       full run (1,000 tasks)
 //!   cargo test  --bench pickup       small run (20 tasks): a smoke test
 //!   cargo bench --bench pickup -- metrics   only the metrics' cost (1,000 tasks a side)
+//!   cargo bench --bench pickup -- recovery  only the kill -9 recoveries (20 rounds each)
 //!
 //! Prints `bench=worker.pickup.<where> n=.. p50_ms=.. p99_ms=.. max_ms=..` for a worker in another
 //! process (woken by the database watch), the same with its `/metrics` scraped meanwhile (and the
@@ -36,6 +37,12 @@ fn main() {
     )
     .unwrap();
     std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // `-- recovery`: only the kill -9 recoveries.
+    if std::env::args().any(|a| a == "recovery") {
+        recovery(dir.path(), if full { 20 } else { 3 }, false);
+        recovery(dir.path(), if full { 20 } else { 3 }, true);
+        return;
+    }
     let home = queue::Home::at(dir.path().join("home")).unwrap();
     home.ensure().unwrap();
     let store = queue::Store::open(home.db_path()).unwrap();
@@ -200,6 +207,8 @@ exec sleep 600
     .unwrap();
     std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o755)).unwrap();
     let serve = |home: &Path| {
+        let n = std::fs::read_dir(home).map_or(0, |d| d.count());
+        let err = std::fs::File::create(home.join(format!("serve-{n}.stderr"))).unwrap();
         Command::new(env!("CARGO_BIN_EXE_taskbridge"))
             .args(["serve", "--listen", "127.0.0.1:0", "--concurrency", "1"])
             .env("TASKBRIDGE_HOME", home)
@@ -208,7 +217,7 @@ exec sleep 600
             .env("TASKBRIDGE_LOG", "warn")
             .env("TASKBRIDGE_SANDBOX_WRITABLE", dir)
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(err)
             .spawn()
             .unwrap()
     };
@@ -269,7 +278,27 @@ exec sleep 600
             if moved && !alive(pgid) {
                 break;
             }
-            assert!(t0.elapsed() < Duration::from_secs(60), "never recovered");
+            if t0.elapsed() > Duration::from_secs(60) {
+                let t = store.get(task.id).unwrap();
+                let logs = std::fs::read_dir(home.logs_dir())
+                    .into_iter()
+                    .chain(std::fs::read_dir(home.root()))
+                    .flatten()
+                    .flatten()
+                    .map(|e| {
+                        let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+                        format!("--- {}\n{text}", e.path().display())
+                    })
+                    .collect::<String>();
+                panic!(
+                    "never recovered: the task is {:?} on {:?} (the dead worker: {dead_worker:?}), \
+                     its first agent {}; workers: {:?}\n{logs}",
+                    t.status,
+                    t.worker,
+                    if alive(pgid) { "alive" } else { "dead" },
+                    store.list_workers().unwrap(),
+                );
+            }
             std::thread::sleep(Duration::from_millis(2));
         }
         lat.push(t0.elapsed().as_secs_f64() * 1e3);

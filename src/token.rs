@@ -146,11 +146,19 @@ fn read_private(path: &Path) -> anyhow::Result<String> {
 
 /// The home's token, created on first use. An earlier version kept the public mode's token in
 /// `public-token`: it becomes the home's token, so clients given it keep working.
+///
+/// Two servers started at once on a fresh home (`serve` and the TUI, two workers) must end up
+/// with one token: the new one is written whole to a file of its own and linked into place,
+/// which fails if another got there first, whose token is then read. Creating the file and
+/// writing it after let the other read it empty, or write a token of its own over it.
 fn in_home(home: &Path, path: &Path) -> anyhow::Result<String> {
     let old = home.join("public-token");
-    if !path.exists() && old.exists() {
-        std::fs::rename(&old, path)
-            .with_context(|| format!("moving {} to {}", old.display(), path.display()))?;
+    if !path.exists()
+        && old.exists()
+        && let Err(e) = std::fs::rename(&old, path)
+        && !path.exists()
+    {
+        return Err(e).with_context(|| format!("moving {} to {}", old.display(), path.display()));
     }
     if path.exists() {
         return read_private(path);
@@ -161,10 +169,16 @@ fn in_home(home: &Path, path: &Path) -> anyhow::Result<String> {
         .and_then(|mut f| f.read_exact(&mut bytes))
         .context("reading random bytes for the token")?;
     let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    queue::home::create_private_file(path)?;
-    std::fs::write(path, format!("{token}\n"))
-        .with_context(|| format!("writing {}", path.display()))?;
-    Ok(token)
+    let draft = home.join(format!(".token-{}-{}", std::process::id(), &token[..16]));
+    queue::home::create_private_file(&draft)?;
+    let linked = std::fs::write(&draft, format!("{token}\n"))
+        .and_then(|()| std::fs::hard_link(&draft, path));
+    let _ = std::fs::remove_file(&draft);
+    match linked {
+        Ok(()) => Ok(token),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => read_private(path),
+        Err(e) => Err(e).with_context(|| format!("writing {}", path.display())),
+    }
 }
 
 #[cfg(test)]
@@ -271,5 +285,31 @@ mod tests {
         .unwrap();
         let p = home_token_path(old.path());
         assert_eq!(in_home(old.path(), &p).unwrap(), "c".repeat(64));
+    }
+
+    #[test]
+    fn servers_started_at_once_on_a_fresh_home_share_one_token() {
+        for _ in 0..20 {
+            let dir = tempfile::tempdir().unwrap();
+            let home = dir.path().to_path_buf();
+            let start = std::sync::Arc::new(std::sync::Barrier::new(6));
+            let got: Vec<String> = (0..6)
+                .map(|_| {
+                    let (home, start) = (home.clone(), start.clone());
+                    std::thread::spawn(move || {
+                        start.wait();
+                        home_token(&home)
+                    })
+                })
+                .collect::<Vec<_>>()
+                .into_iter()
+                .map(|t| t.join().unwrap().unwrap())
+                .collect();
+            let file = std::fs::read_to_string(home_token_path(&home)).unwrap();
+            assert!(got.iter().all(|t| *t == file.trim()), "{got:?} vs the file's {file:?}");
+            let names: Vec<_> =
+                std::fs::read_dir(&home).unwrap().map(|e| e.unwrap().file_name()).collect();
+            assert_eq!(names, ["token"], "drafts left behind");
+        }
     }
 }
