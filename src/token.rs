@@ -171,14 +171,19 @@ fn in_home(home: &Path, path: &Path) -> anyhow::Result<String> {
     let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
     let draft = home.join(format!(".token-{}-{}", std::process::id(), &token[..16]));
     queue::home::create_private_file(&draft)?;
-    let linked = std::fs::write(&draft, format!("{token}\n"))
-        .and_then(|()| std::fs::hard_link(&draft, path));
+    let made = std::fs::write(&draft, format!("{token}\n"))
+        .with_context(|| format!("writing {}", draft.display()))
+        .and_then(|()| match std::fs::hard_link(&draft, path) {
+            Ok(()) => Ok(token),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => read_private(path),
+            // A filesystem without hard links: renamed into place, which a server started at
+            // the same instant could still write over.
+            Err(_) => std::fs::rename(&draft, path)
+                .map(|()| token)
+                .with_context(|| format!("writing {}", path.display())),
+        });
     let _ = std::fs::remove_file(&draft);
-    match linked {
-        Ok(()) => Ok(token),
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => read_private(path),
-        Err(e) => Err(e).with_context(|| format!("writing {}", path.display())),
-    }
+    made
 }
 
 #[cfg(test)]
@@ -289,9 +294,15 @@ mod tests {
 
     #[test]
     fn servers_started_at_once_on_a_fresh_home_share_one_token() {
-        for _ in 0..20 {
+        for round in 0..40 {
             let dir = tempfile::tempdir().unwrap();
             let home = dir.path().to_path_buf();
+            // Every other round a home of an earlier version, its token still `public-token`:
+            // all of them move it once and keep it.
+            let old = (round % 2 == 1).then(|| "d".repeat(64));
+            if let Some(old) = &old {
+                private_file(&home, "public-token", old);
+            }
             let start = std::sync::Arc::new(std::sync::Barrier::new(6));
             let got: Vec<String> = (0..6)
                 .map(|_| {
@@ -307,6 +318,9 @@ mod tests {
                 .collect();
             let file = std::fs::read_to_string(home_token_path(&home)).unwrap();
             assert!(got.iter().all(|t| *t == file.trim()), "{got:?} vs the file's {file:?}");
+            if let Some(old) = &old {
+                assert_eq!(file.trim(), old, "the old token was not kept");
+            }
             let names: Vec<_> =
                 std::fs::read_dir(&home).unwrap().map(|e| e.unwrap().file_name()).collect();
             assert_eq!(names, ["token"], "drafts left behind");
