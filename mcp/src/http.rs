@@ -327,6 +327,11 @@ mod tests {
         assert_eq!(host_only("[::1]:80"), "::1");
         assert_eq!(host_only("LocalHost"), "localhost");
         assert_eq!(host_only("abc.trycloudflare.com"), "abc.trycloudflare.com");
+        assert_eq!(host_only(" [::1] "), "::1");
+        // Not a port: kept whole, so it matches no allowed host.
+        assert_eq!(host_only("localhost:x"), "localhost:x");
+        // A bare IPv6 address has colons but no port.
+        assert_eq!(host_only("fe80::1"), "fe80::1");
     }
 
     #[test]
