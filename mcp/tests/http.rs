@@ -221,8 +221,20 @@ async fn answers_are_event_streams_with_sessions_or_plain_json() {
         assert!(body.contains("\"serverInfo\""), "{body}");
         let session = head.lines().find_map(|l| l.strip_prefix("mcp-session-id: "));
         assert_eq!(session.is_some(), !json, "a session only when streaming: {head}");
-        // Ending the session answers 200 (rmcp's 202 is changed: clients expect 200).
+        // A notification is accepted, 202, as the protocol says; ending the session answers
+        // 200 (rmcp's 202 is changed there only: clients expect 200).
         if let Some(id) = session {
+            let note = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
+            let post = format!(
+                "POST /mcp HTTP/1.1\r\n{}Mcp-Session-Id: {}\r\nAccept: application/json, \
+                 text/event-stream\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
+                 Connection: close\r\n\r\n{note}",
+                bearer(TOKEN),
+                id.trim(),
+                note.len()
+            );
+            let (code, _, body) = raw(s.port, post).await;
+            assert_eq!(code, 202, "{body}");
             let delete = format!(
                 "DELETE /mcp HTTP/1.1\r\n{}Mcp-Session-Id: {}\r\nConnection: close\r\n\r\n",
                 bearer(TOKEN),
