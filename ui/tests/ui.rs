@@ -177,6 +177,8 @@ fn retry_priority_note_submit_and_filter() {
     assert_eq!(ch(&mut m, 'r'), vec![Effect::Queue(Op::Retry(1))]);
     ch(&mut m, 'g');
     assert_eq!(ch(&mut m, '+'), vec![Effect::Queue(Op::SetPriority(5, 6))]);
+    // Each press steps from the last one, before the queue is read again.
+    assert_eq!(ch(&mut m, '-'), vec![Effect::Queue(Op::SetPriority(5, 5))]);
     assert_eq!(ch(&mut m, '-'), vec![Effect::Queue(Op::SetPriority(5, 4))]);
     ch(&mut m, 'r');
     assert!(m.message.as_deref().unwrap().contains("only failed or cancelled"));

@@ -134,12 +134,17 @@ impl Model {
         }
     }
 
-    /// One step up or down, within the queue's bounds.
+    /// One step up or down, within the queue's bounds. The row takes the new priority at once:
+    /// a second press before the queue is read again steps from it, not from the old value
+    /// (two quick `-` from 1 are -1, not 0 twice).
     pub(super) fn nudge_priority(&mut self, step: i64) -> Vec<Effect> {
         match self.target() {
             Some(r) if !r.status.is_terminal() => {
-                let p = (r.priority + step).clamp(-100, 100);
-                vec![Effect::Queue(Op::SetPriority(r.id.0, p))]
+                let (id, p) = (r.id, (r.priority + step).clamp(-100, 100));
+                for row in self.rows.iter_mut().filter(|row| row.id == id) {
+                    row.priority = p;
+                }
+                vec![Effect::Queue(Op::SetPriority(id.0, p))]
             }
             Some(r) => self.say(format!("task {} is {}", r.id.0, r.status)),
             None => vec![],
