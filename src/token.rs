@@ -169,7 +169,10 @@ fn in_home(home: &Path, path: &Path) -> anyhow::Result<String> {
         .and_then(|mut f| f.read_exact(&mut bytes))
         .context("reading random bytes for the token")?;
     let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    let draft = home.join(format!(".token-{}-{}", std::process::id(), &token[..16]));
+    // Named by process and call, never by the token: a name can end up in an error message.
+    static DRAFTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = DRAFTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let draft = home.join(format!(".token-{}-{n}", std::process::id()));
     queue::home::create_private_file(&draft)?;
     let made = std::fs::write(&draft, format!("{token}\n"))
         .with_context(|| format!("writing {}", draft.display()))
