@@ -66,6 +66,7 @@ fn frame_bench(n: usize, frames: usize, log_lines: Option<&[String]>) {
         rows: rows(n),
         counts: BTreeMap::new(),
         workers: vec!["devbox".into()],
+        priorities_applied: 0,
     });
     if let Some(lines) = log_lines {
         m.update(taskbridge_ui::action::Action::OpenLogs);
@@ -117,6 +118,7 @@ fn main() {
         rows: rows(1),
         counts: BTreeMap::new(),
         workers: vec!["devbox".into()],
+        priorities_applied: 0,
     });
     m.update(taskbridge_ui::action::Action::OpenLogs);
     m.handle(Event::LogLoaded {

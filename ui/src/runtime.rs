@@ -8,6 +8,7 @@ use queue::{Home, Store, TaskId};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -100,11 +101,18 @@ pub async fn run(opts: TuiOptions, shutdown: CancellationToken) -> std::io::Resu
         worker_running: running,
     };
     model.handle(Event::Header(header(opts.mcp.borrow().clone(), 0)));
+    let priorities_applied = Arc::new(AtomicU64::new(0));
     let fx = Effects {
         store: opts.store.clone(),
         home: opts.home.clone(),
-        cwd: opts.cwd.clone(),
-        worker_config: Arc::new(opts.worker_config.clone()),
+        ops: op_lane(
+            opts.store.clone(),
+            opts.cwd.clone(),
+            Arc::new(opts.worker_config.clone()),
+            priorities_applied.clone(),
+            tx.clone(),
+        ),
+        priorities_applied,
         tx: tx.clone(),
     };
     fx.reload(model.filter);
@@ -174,16 +182,56 @@ pub async fn run(opts: TuiOptions, shutdown: CancellationToken) -> std::io::Resu
 struct Effects {
     store: Arc<Store>,
     home: Home,
-    /// Where the TUI started: the base of a relative repository path in the new-task dialog.
-    cwd: PathBuf,
-    worker_config: Arc<worker::WorkerConfig>,
+    /// The queue operations the keys asked for, applied one after another in that order.
+    ops: mpsc::UnboundedSender<Op>,
+    /// How many priority changes the lane has applied (a load says what it was read after).
+    priorities_applied: Arc<AtomicU64>,
     tx: mpsc::UnboundedSender<Msg>,
+}
+
+/// The lane the queue operations go down, one at a time in the order the keys were pressed:
+/// run side by side, two quick `-` could reach the queue as -1 then 0. `cwd` is where the TUI
+/// started (the base of a relative repository in the new-task dialog).
+fn op_lane(
+    store: Arc<Store>,
+    cwd: PathBuf,
+    cfg: Arc<worker::WorkerConfig>,
+    priorities_applied: Arc<AtomicU64>,
+    tx: mpsc::UnboundedSender<Msg>,
+) -> mpsc::UnboundedSender<Op> {
+    let (ops, mut lane) = mpsc::unbounded_channel::<Op>();
+    tokio::spawn(async move {
+        while let Some(op) = lane.recv().await {
+            let (store, cwd, cfg) = (store.clone(), cwd.clone(), cfg.clone());
+            let priority = matches!(op, Op::SetPriority(..));
+            let ev = tokio::task::spawn_blocking(move || match op {
+                Op::Submit { prompt, repo } => {
+                    Event::Submitted(submit(&store, &cwd, &cfg, prompt, &repo))
+                }
+                op => Event::OpDone(apply(&store, &cwd, &cfg, op)),
+            })
+            .await;
+            // Counted once the queue has it (or refused it), before anyone hears it is done.
+            if priority {
+                priorities_applied.fetch_add(1, Ordering::SeqCst);
+            }
+            let ev =
+                ev.unwrap_or_else(|e| Event::OpDone(Err(format!("the operation failed: {e}"))));
+            if tx.send(Msg::Ev(ev)).is_err() {
+                break;
+            }
+        }
+    });
+    ops
 }
 
 impl Effects {
     fn reload(&self, filter: Option<queue::StatusFilter>) {
         let (store, tx) = (self.store.clone(), self.tx.clone());
+        let applied = self.priorities_applied.clone();
         tokio::task::spawn_blocking(move || {
+            // Read before the rows: every change counted here is in them.
+            let priorities_applied = applied.load(Ordering::SeqCst);
             let loaded = store.rows(filter).and_then(|rows| Ok((rows, store.queue_status()?)));
             let ev = match loaded {
                 Ok((rows, st)) => Event::Loaded {
@@ -195,6 +243,7 @@ impl Effects {
                         .filter(|w| !w.stopped && !w.stale)
                         .map(|w| w.host)
                         .collect(),
+                    priorities_applied,
                 },
                 Err(e) => Event::OpDone(Err(format!("reading the queue: {e}"))),
             };
@@ -291,13 +340,9 @@ impl Effects {
                 });
             }
             Effect::Queue(op) => {
-                let (cwd, cfg) = (self.cwd.clone(), self.worker_config.clone());
-                tokio::task::spawn_blocking(move || match op {
-                    Op::Submit { prompt, repo } => {
-                        send(Event::Submitted(submit(&store, &cwd, &cfg, prompt, &repo)))
-                    }
-                    op => send(Event::OpDone(apply(&store, &cwd, &cfg, op))),
-                });
+                if self.ops.send(op).is_err() {
+                    send(Event::OpDone(Err("the TUI's queue lane has stopped".into())));
+                }
             }
         }
     }

@@ -45,7 +45,7 @@ fn model(rows: Vec<TaskRow>) -> Model {
     for r in &rows {
         *counts.entry(r.display_status().to_owned()).or_insert(0) += 1;
     }
-    m.handle(Event::Loaded { rows, counts, workers: vec!["devbox".into()] });
+    m.handle(Event::Loaded { rows, counts, workers: vec!["devbox".into()], priorities_applied: 0 });
     m
 }
 
@@ -200,6 +200,37 @@ fn retry_priority_note_submit_and_filter() {
     assert_eq!(taskbridge_ui::app::filter_name(m.filter), "queued");
 }
 
+/// A load read before the queue took a press must not put the old priority back: the next press
+/// would step from it (two quick `-` from 1 reached the queue as 0 twice).
+#[test]
+fn a_load_older_than_a_priority_press_keeps_the_pressed_value() {
+    let mut m = busy();
+    let stale = |m: &mut Model, applied: u64, p: i64| {
+        let mut rows = m.rows.clone();
+        rows.iter_mut().filter(|r| r.id.0 == 5).for_each(|r| r.priority = p);
+        m.handle(Event::Loaded {
+            rows,
+            counts: m.counts.clone(),
+            workers: vec![],
+            priorities_applied: applied,
+        });
+    };
+    let priority = |m: &Model| m.rows.iter().find(|r| r.id.0 == 5).unwrap().priority;
+    assert_eq!(ch(&mut m, '-'), vec![Effect::Queue(Op::SetPriority(5, 4))]);
+    // Read before the queue had the change: the row keeps 4, and the next press steps from it.
+    stale(&mut m, 0, 5);
+    assert_eq!(priority(&m), 4);
+    assert_eq!(ch(&mut m, '-'), vec![Effect::Queue(Op::SetPriority(5, 3))]);
+    // The first change is in, the second not yet: still the pressed value.
+    stale(&mut m, 1, 4);
+    assert_eq!(priority(&m), 3);
+    // Both are in: the queue's word goes again (here someone else has set 9 since).
+    stale(&mut m, 2, 9);
+    assert_eq!(priority(&m), 9);
+    stale(&mut m, 2, 8);
+    assert_eq!(priority(&m), 8);
+}
+
 #[test]
 fn quit_asks_while_the_embedded_worker_runs_tasks() {
     let mut m = busy();
@@ -218,8 +249,12 @@ fn a_task_that_starts_waiting_rings_the_bell() {
     let mut rows = m.rows.clone();
     rows[1].status = TaskStatus::Waiting;
     rows[1].question = Some("Redis?".into());
-    let fx =
-        m.handle(Event::Loaded { rows, counts: BTreeMap::new(), workers: vec!["devbox".into()] });
+    let fx = m.handle(Event::Loaded {
+        rows,
+        counts: BTreeMap::new(),
+        workers: vec!["devbox".into()],
+        priorities_applied: 0,
+    });
     assert!(
         fx.iter().any(|e| matches!(e, Effect::Bell { title, .. } if title.contains("task 4 asks"))),
         "{fx:?}"
@@ -322,6 +357,7 @@ fn an_empty_filter_says_so_and_how_to_change_it() {
         rows: vec![],
         counts: m.counts.clone(),
         workers: vec!["devbox".into()],
+        priorities_applied: 0,
     });
     let text = screen_text(&m, 100, 24);
     assert!(text.contains("No queued tasks (5 in all). Press f"), "{text}");
@@ -619,6 +655,7 @@ fn workers_on_several_hosts_are_named_in_the_header_and_a_task_shows_its_host() 
         rows: m.rows.clone(),
         counts: m.counts.clone(),
         workers: vec!["build-2".into(), "devbox".into(), "build-2".into()],
+        priorities_applied: 0,
     });
     ch(&mut m, 'j');
     let mut t = queue_task(4);
@@ -656,13 +693,21 @@ fn s_opens_the_stats_view_which_follows_the_queue_and_closes_with_s_or_esc() {
     assert!(text.contains("claude-code 1 / 0 / 0"), "{text}");
     assert!(text.contains("run time    p50  2.0 min  p90  2.0 min  p99  2.0 min"), "{text}");
     // A change in the queue reads the figures again while the view is open.
-    let fx =
-        m.handle(Event::Loaded { rows: busy().rows, counts: BTreeMap::new(), workers: vec![] });
+    let fx = m.handle(Event::Loaded {
+        rows: busy().rows,
+        counts: BTreeMap::new(),
+        workers: vec![],
+        priorities_applied: 0,
+    });
     assert!(fx.contains(&Effect::LoadStats), "{fx:?}");
     ch(&mut m, 's');
     assert!(m.popup.is_none());
-    let fx =
-        m.handle(Event::Loaded { rows: busy().rows, counts: BTreeMap::new(), workers: vec![] });
+    let fx = m.handle(Event::Loaded {
+        rows: busy().rows,
+        counts: BTreeMap::new(),
+        workers: vec![],
+        priorities_applied: 0,
+    });
     assert!(!fx.contains(&Effect::LoadStats), "closed: {fx:?}");
     ch(&mut m, 's');
     key(&mut m, KeyCode::Esc);

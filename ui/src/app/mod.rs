@@ -114,6 +114,8 @@ pub enum Event {
         counts: BTreeMap<String, i64>,
         /// The host of each live worker.
         workers: Vec<String>,
+        /// How many of this TUI's priority changes the queue had taken when it was read.
+        priorities_applied: u64,
     },
     DetailLoaded(Box<Task>),
     StatsLoaded(Box<crate::stats::Stats>),
@@ -204,6 +206,12 @@ pub struct Model {
     pub quit: bool,
     /// Last known state per task, to notice transitions worth a notification.
     seen: HashMap<i64, TaskStatus>,
+    /// Priorities pressed that a load may not show yet: task id → (the value, the count of
+    /// priority changes sent when it was). A load read before the queue took the change would
+    /// put the old value back, and the next press would step from that.
+    pending_priorities: HashMap<i64, (i64, u64)>,
+    /// Priority changes sent to the queue so far (they are applied in order).
+    priorities_sent: u64,
     loaded_once: bool,
 }
 
@@ -260,6 +268,8 @@ impl Model {
             cwd,
             quit: false,
             seen: HashMap::new(),
+            pending_priorities: HashMap::new(),
+            priorities_sent: 0,
             loaded_once: false,
         }
     }
@@ -343,7 +353,13 @@ impl Model {
                     _ => vec![],
                 }
             }
-            Event::Loaded { rows, counts, workers } => {
+            Event::Loaded { mut rows, counts, workers, priorities_applied } => {
+                self.pending_priorities.retain(|_, (_, sent)| *sent > priorities_applied);
+                for r in &mut rows {
+                    if let Some((p, _)) = self.pending_priorities.get(&r.id.0) {
+                        r.priority = *p;
+                    }
+                }
                 let mut effects = self.loaded(rows, counts, workers);
                 // The queue changed: an open stats view is drawn again from it.
                 if matches!(self.popup, Some(Popup::Stats(_))) {

@@ -134,9 +134,9 @@ impl Model {
         }
     }
 
-    /// One step up or down, within the queue's bounds. The row takes the new priority at once:
-    /// a second press before the queue is read again steps from it, not from the old value
-    /// (two quick `-` from 1 are -1, not 0 twice).
+    /// One step up or down, within the queue's bounds. The row takes the new priority at once,
+    /// and keeps it through loads read before the queue took it: a second press steps from it,
+    /// not from the old value (two quick `-` from 1 are -1, not 0 twice).
     pub(super) fn nudge_priority(&mut self, step: i64) -> Vec<Effect> {
         match self.target() {
             Some(r) if !r.status.is_terminal() => {
@@ -144,6 +144,8 @@ impl Model {
                 for row in self.rows.iter_mut().filter(|row| row.id == id) {
                     row.priority = p;
                 }
+                self.priorities_sent += 1;
+                self.pending_priorities.insert(id.0, (p, self.priorities_sent));
                 vec![Effect::Queue(Op::SetPriority(id.0, p))]
             }
             Some(r) => self.say(format!("task {} is {}", r.id.0, r.status)),
