@@ -18,6 +18,9 @@
 //! else would drive it: a new session and `prompt_async` per task, in a directory it has served
 //! before, until the session goes idle. `bench=agent.floor` divides TaskBridge's warm server by
 //! it: submit → first request, and the model's last answer → `done` over its last answer → idle.
+//! `bench=agent.opencode.bare_headless` is the same server configured as TaskBridge configures
+//! the OpenCode it runs, and `..._ahead` that with the session made before the clock starts:
+//! OpenCode alone, how low the first ratio can go with nothing of TaskBridge around it.
 #![allow(clippy::unwrap_used, dead_code)]
 
 mod common;
@@ -280,7 +283,9 @@ fn basic(text: &str) -> String {
 }
 
 impl Bare {
-    fn start(mock: &MockAnthropic) -> Bare {
+    /// The bare server; `headless`, with the configuration TaskBridge gives the OpenCode it runs
+    /// (`worker/src/opencode_config.rs`, `headless`) instead of OpenCode's defaults.
+    fn start(mock: &MockAnthropic, headless: bool) -> Bare {
         use std::io::BufRead;
         let dir = tempfile::tempdir().unwrap();
         let repo = common::repo(dir.path(), "repo");
@@ -288,6 +293,10 @@ impl Bare {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let mut child = Command::new(opencode());
         isolated(&mut child, &oc_home, mock);
+        if headless {
+            let config = mock.opencode_config();
+            child.env("OPENCODE_CONFIG_CONTENT", worker::headless_opencode_config(Some(&config)));
+        }
         let mut child = child
             .args(["serve", "--port", &port.to_string(), "--hostname", "127.0.0.1"])
             .current_dir(&repo)
@@ -385,18 +394,34 @@ impl Bare {
     }
 }
 
+/// How the bare server is driven.
+#[derive(Clone, Copy, PartialEq)]
+enum BareMode {
+    /// OpenCode's defaults, a session made per task: the floor the issue measures against.
+    Default,
+    /// TaskBridge's configuration for the OpenCode it runs, a session made per task.
+    Headless,
+    /// TaskBridge's configuration, and the session made before the clock starts: what OpenCode
+    /// alone takes from a prompt to the model's first request, with nothing of TaskBridge's.
+    HeadlessAhead,
+}
+
 /// OpenCode's own floor ([`Bare`]): per task a new session and `prompt_async`, until it is idle.
-fn measure_bare(n: usize) -> Figures {
+fn measure_bare(n: usize, mode: BareMode) -> Figures {
     let mock = MockAnthropic::spawn((0..=n).map(|_| Turn::text("Done.")).collect());
-    let bare = Bare::start(&mock);
+    let bare = Bare::start(&mock, mode != BareMode::Default);
     let idles = bare.idles();
     let mut figures = Figures { first_request: Vec::new(), done: Vec::new(), after: Vec::new() };
-    for i in 0..=n {
-        let before = mock.arrivals().len();
-        let t0 = Instant::now();
+    let create = || {
         let created = bare.call("POST", "/session", &serde_json::json!({"title": "bench"}));
         let created: serde_json::Value = serde_json::from_str(&created).unwrap();
-        let session = created["id"].as_str().unwrap().to_owned();
+        created["id"].as_str().unwrap().to_owned()
+    };
+    for i in 0..=n {
+        let before = mock.arrivals().len();
+        let ahead = (mode == BareMode::HeadlessAhead).then(create);
+        let t0 = Instant::now();
+        let session = ahead.unwrap_or_else(create);
         let prompt = serde_json::json!({
             "parts": [{"type": "text", "text": format!("Say done ({i}).")}],
             "model": {"providerID": "anthropic", "modelID": "claude-sonnet-4-5"},
@@ -412,7 +437,12 @@ fn measure_bare(n: usize) -> Figures {
             figures.record(t0, end, &mock.arrivals()[before..]);
         }
     }
-    figures.print("opencode.bare", n);
+    let label = match mode {
+        BareMode::Default => "opencode.bare",
+        BareMode::Headless => "opencode.bare_headless",
+        BareMode::HeadlessAhead => "opencode.bare_headless_ahead",
+    };
+    figures.print(label, n);
     figures
 }
 
@@ -459,11 +489,21 @@ fn main() {
     // `cargo bench --bench agents -- floor`: only the warm server and the bare one beside it.
     let floor_only = std::env::args().any(|a| a == "floor");
     let serve = measure("serve", n);
-    let bare = measure_bare(n);
+    let bare = measure_bare(n, BareMode::Default);
     println!(
         "bench=agent.floor first_request_serve_over_bare={:.2} after_last_answer_serve_over_bare={:.2}",
         p50(&serve.first_request) / p50(&bare.first_request),
         p50(&serve.after) / p50(&bare.after)
+    );
+    // How low the first ratio can go at all: OpenCode itself, configured as TaskBridge
+    // configures it, with and without making a session, and nothing of TaskBridge's around it.
+    let headless = measure_bare(n, BareMode::Headless);
+    let ahead = measure_bare(n, BareMode::HeadlessAhead);
+    println!(
+        "bench=agent.floor.opencode_alone first_request_headless_over_bare={:.2} \
+         first_request_headless_ahead_over_bare={:.2}",
+        p50(&headless.first_request) / p50(&bare.first_request),
+        p50(&ahead.first_request) / p50(&bare.first_request)
     );
     if floor_only {
         return;

@@ -67,7 +67,7 @@ pub use error::{Error, Result};
 pub use events::RunLog;
 pub use merge::{MergeReport, Overlap, merge_task, overlaps};
 pub use notify::{NotifyConfig, install_tls};
-pub use opencode_config::BRIDGE_MCP_NAME;
+pub use opencode_config::{BRIDGE_MCP_NAME, headless as headless_opencode_config};
 pub use result::TaskResult;
 pub use submit::{SubmitRequest, Submitted, followup, submit, submit_batch};
 
