@@ -328,11 +328,80 @@ async fn restart_worker_requeues_only_a_dead_local_workers_tasks() {
     let r = w.call("restart_worker", json!({})).await;
     assert_eq!(r["restarted"], json!(["dead"]), "{r}");
     assert_eq!(r["requeued_tasks"], json!([ids[0].0]), "{r}");
+    assert_eq!(r["workers_alive_before"], 2, "the live one and another host's: {r}");
     // Its lease is over; the next sweep puts it back in the queue.
     s.reap_expired().unwrap();
     let a = s.get(ids[0]).unwrap();
     assert_eq!(a.status, queue::TaskStatus::Queued, "{:?} {:?}", a.worker, a.display_status);
     assert_eq!(s.get(ids[1]).unwrap().status, queue::TaskStatus::Running);
+}
+
+/// With no worker alive, a server that runs none of its own (and no installed service) says
+/// what to start; with one alive, on any host, it says nothing of the kind. Stopped workers
+/// are not alive.
+#[tokio::test]
+async fn restart_worker_without_a_worker_of_its_own_says_what_to_start_when_none_is_alive() {
+    let w = world().await;
+    let r = w.call("restart_worker", json!({})).await;
+    assert_eq!(r["workers_alive_before"], 0, "{r}");
+    let note = r["note"].as_str().unwrap_or_default();
+    assert!(note.contains("start `taskbridge worker`"), "{r}");
+    assert_eq!((&r["service"], &r["started_worker"]), (&Value::Null, &Value::Null), "{r}");
+    for gone in ["gone", "gone too"] {
+        w.store.register_worker(gone, 1, "another-host", 1, "opencode serve").unwrap();
+        w.store.worker_stopped(gone).unwrap();
+    }
+    w.store.register_worker("elsewhere", 1, "another-host", 1, "opencode serve").unwrap();
+    let r = w.call("restart_worker", json!({})).await;
+    assert_eq!(r["workers_alive_before"], 1, "{r}");
+    assert_eq!((&r["note"], &r["started_worker"]), (&Value::Null, &Value::Null), "{r}");
+}
+
+/// A server that runs a worker of its own starts it again when it has stopped, and starts
+/// nothing while it lives.
+#[tokio::test]
+async fn restart_worker_starts_the_servers_own_worker_again_only_once_it_has_stopped() {
+    let stop = tokio_util::sync::CancellationToken::new();
+    let mut first = None;
+    let w = common::world_running(worker::WorkerConfig::default(), |store, home| {
+        let running = worker::Worker::start(
+            store.clone(),
+            home.clone(),
+            worker::WorkerConfig::default(),
+            stop.clone(),
+        );
+        let embedded = running.worker.clone();
+        first = Some(running);
+        Some(embedded)
+    })
+    .await;
+    let first = first.unwrap();
+    let id = first.worker.id().to_owned();
+    let live = |w: &common::World| -> Vec<String> {
+        w.store.list_workers().unwrap().into_iter().filter(|w| !w.stopped).map(|w| w.id).collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while live(&w) != vec![id.clone()] {
+        assert!(Instant::now() < deadline, "the worker never registered: {:?}", live(&w));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let r = w.call("restart_worker", json!({})).await;
+    assert_eq!(r["workers_alive_before"], 1, "{r}");
+    assert_eq!(r["started_worker"], Value::Null, "{r}");
+
+    stop.cancel();
+    first.handle.await.unwrap().unwrap();
+    assert_eq!(live(&w), Vec::<String>::new());
+    let r = w.call("restart_worker", json!({})).await;
+    assert_eq!(r["workers_alive_before"], 0, "{r}");
+    let started = r["started_worker"].as_str().unwrap().to_owned();
+    assert_ne!(started, id, "{r}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while live(&w) != vec![started.clone()] {
+        assert!(Instant::now() < deadline, "the new worker never registered: {:?}", live(&w));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    w.server.shutdown();
 }
 
 #[tokio::test]
@@ -356,4 +425,13 @@ async fn a_server_with_repository_roots_runs_and_shows_only_tasks_under_them() {
         json!([mine["task_id"]])
     );
     assert_eq!(w.server.waiting_calls(), 0, "a wait that ended holds no subscription");
+    // A page counts only what the server may show; clearing leaves the outside task alone.
+    let page = w.call("list_tasks", json!({"limit": 1})).await;
+    assert_eq!(page["tasks"][0]["task_id"], mine["task_id"], "{page}");
+    for id in [&theirs, &mine["task_id"]] {
+        w.store.cancel(TaskId(id.as_i64().unwrap())).unwrap();
+    }
+    let cleared = w.call("clear_finished", json!({})).await;
+    assert_eq!(cleared["cleared"], json!([mine["task_id"]]), "{cleared}");
+    w.store.get(TaskId(theirs.as_i64().unwrap())).unwrap();
 }

@@ -54,6 +54,8 @@ on_both!(
     orphans_wait_for_a_worker_on_their_own_host,
     a_task_for_another_agent_waits_for_a_worker_that_has_its_cli,
     the_queue_counts_states_submissions_and_what_finished_with_its_timings,
+    the_registry_tells_live_silent_and_stopped_workers_and_frees_a_dead_ones_tasks,
+    doctor_hears_what_the_queue_runs_on_and_that_it_is_sound,
 );
 
 fn open(b: Backend) -> (Db, Store) {
@@ -1344,11 +1346,15 @@ fn the_queue_counts_states_submissions_and_what_finished_with_its_timings(b: Bac
     let mut s = spec("c");
     s.agent = Some("opencode:plan".into());
     let c_id = store.submit(s).unwrap().0.id;
+    let mut s = spec("d");
+    s.agent = Some("codex".into());
+    let d_id = store.submit(s).unwrap().0.id;
     let counts = store.counts().unwrap();
     let n = |st: TaskStatus| counts.by_status.iter().find(|(s, _)| *s == st).unwrap().1;
-    assert_eq!((n(TaskStatus::Queued), n(TaskStatus::Running), n(TaskStatus::Done)), (3, 0, 0));
+    assert_eq!((n(TaskStatus::Queued), n(TaskStatus::Running), n(TaskStatus::Done)), (4, 0, 0));
     assert_eq!(counts.by_status.len(), TaskStatus::ALL.len(), "every state is listed");
-    assert_eq!(counts.submitted, vec![("claude-code".into(), 1), ("opencode".into(), 2)]);
+    let submitted = vec![("claude-code".into(), 1), ("codex".into(), 1), ("opencode".into(), 2)];
+    assert_eq!(counts.submitted, submitted);
 
     let first = claim(&store).unwrap();
     assert_eq!(first.task.id, a);
@@ -1373,10 +1379,12 @@ fn the_queue_counts_states_submissions_and_what_finished_with_its_timings(b: Bac
     };
     store.finish(dep, next.token, failed).unwrap();
     store.cancel(c_id).unwrap();
+    store.cancel(d_id).unwrap();
 
     let recent = store.finished_within(Duration::from_secs(3600)).unwrap();
     let ids: Vec<TaskId> = recent.tasks.iter().map(|t| t.id).collect();
-    assert_eq!(ids, vec![a, dep, c_id], "oldest first");
+    assert_eq!(ids, vec![a, dep, c_id, d_id], "oldest first");
+    assert_eq!(recent.tasks[3].agent, "codex");
     let (ta, tdep) = (&recent.tasks[0], &recent.tasks[1]);
     assert_eq!(
         (ta.agent.as_str(), ta.status, ta.failure_kind),
@@ -1393,6 +1401,63 @@ fn the_queue_counts_states_submissions_and_what_finished_with_its_timings(b: Bac
         .clear_finished(0.0, &[TaskStatus::Done, TaskStatus::Failed, TaskStatus::Cancelled], &[])
         .unwrap();
     let counts = store.counts().unwrap();
-    assert_eq!(counts.submitted, vec![("claude-code".into(), 1), ("opencode".into(), 2)]);
+    assert_eq!(counts.submitted, submitted);
     assert!(counts.by_status.iter().all(|(_, n)| *n == 0), "{counts:?}");
+}
+
+fn the_registry_tells_live_silent_and_stopped_workers_and_frees_a_dead_ones_tasks(b: Backend) {
+    let (d, store) = open(b);
+    store.register_worker("w1", 1, "host", 1, "opencode serve").unwrap();
+    store.register_worker("w2", 2, "host", 1, "opencode serve").unwrap();
+    let worker = |id: &str| store.list_workers().unwrap().into_iter().find(|w| w.id == id).unwrap();
+    let alive = || store.queue_status().unwrap().workers_alive;
+    assert!(!worker("w1").stale && !worker("w1").stopped);
+    assert_eq!(alive(), 2);
+    // Silent for a minute: twice the time after which a worker counts as gone.
+    d.sql("UPDATE workers SET heartbeat_at = heartbeat_at - 60");
+    let silent = worker("w1");
+    assert!(silent.stale && !silent.stopped, "{silent:?}");
+    assert_eq!(alive(), 0);
+    store.worker_heartbeat("w1").unwrap();
+    let heard = worker("w1");
+    assert!(!heard.stale && heard.heartbeat_at > silent.heartbeat_at, "{heard:?}");
+    assert_eq!(alive(), 1, "w2 is still silent");
+    // A worker that stopped cleanly is stopped, not gone, however long ago it was last heard.
+    store.worker_stopped("w2").unwrap();
+    assert!(worker("w2").stopped && !worker("w2").stale, "{:?}", worker("w2"));
+    assert_eq!(alive(), 1);
+
+    // A dead worker's running task is given back at once (its attempt counts), and only its.
+    let (mine, other) = (submit(&store, "w1's"), submit(&store, "w3's"));
+    assert_eq!(store.claim_next("w1", "host", LEASE).unwrap().unwrap().task.id, mine);
+    store.register_worker("w3", 3, "host", 1, "opencode serve").unwrap();
+    assert_eq!(store.claim_next("w3", "host", LEASE).unwrap().unwrap().task.id, other);
+    assert_eq!(store.release_worker_tasks("w1").unwrap(), vec![mine]);
+    assert!(worker("w1").stopped);
+    let reaped = store.reap_expired().unwrap();
+    assert_eq!(reaped.iter().map(|r| (r.id, r.requeued)).collect::<Vec<_>>(), [(mine, true)]);
+    let again = store.claim_next("w3", "host", LEASE).unwrap().unwrap().task;
+    assert_eq!((again.id, again.attempts), (mine, 2));
+    assert_eq!(store.get(other).unwrap().status, TaskStatus::Running);
+}
+
+fn doctor_hears_what_the_queue_runs_on_and_that_it_is_sound(b: Backend) {
+    let (d, store) = open(b);
+    assert_eq!(store.quick_check().unwrap(), "ok");
+    assert_eq!(store.integrity_check().unwrap(), "ok");
+    let info = store.backend_info().unwrap();
+    match b {
+        Backend::Sqlite => assert_eq!(info, format!("SQLite {}", rusqlite::version())),
+        Backend::Postgres => {
+            let schema = d.arg.split("schema=").nth(1).unwrap();
+            assert!(info.starts_with("PostgreSQL 1"), "{info}");
+            assert!(
+                info.ends_with(&format!(", schema {schema}, woken by LISTEN/NOTIFY")),
+                "{info}"
+            );
+            let polled = Db::with_params(b, "&listen=off&poll_ms=250");
+            let info = polled.open().backend_info().unwrap();
+            assert!(info.ends_with("woken by a poll every 250 ms (listen=off)"), "{info}");
+        }
+    }
 }

@@ -42,6 +42,22 @@ pub async fn world() -> World {
 
 /// A world whose server was started with `config` (its environment, its programs).
 pub async fn world_with(config: worker::WorkerConfig) -> World {
+    world_built(config, |_, _| None).await
+}
+
+/// A world whose server runs a worker of its own (as `taskbridge mcp` does), started by
+/// `worker` on the world's queue and home.
+pub async fn world_running(
+    config: worker::WorkerConfig,
+    worker: impl FnOnce(&Arc<Store>, &Home) -> Option<Arc<worker::Worker>>,
+) -> World {
+    world_built(config, worker).await
+}
+
+async fn world_built(
+    config: worker::WorkerConfig,
+    worker: impl FnOnce(&Arc<Store>, &Home) -> Option<Arc<worker::Worker>>,
+) -> World {
     let dir = tempfile::tempdir().unwrap();
     let repo = dir.path().join("repo");
     std::fs::create_dir(&repo).unwrap();
@@ -52,7 +68,8 @@ pub async fn world_with(config: worker::WorkerConfig) -> World {
     let home = Home::at(dir.path().join("home")).unwrap();
     home.ensure().unwrap();
     let store = Arc::new(Store::open(home.db_path()).unwrap());
-    let server = TaskBridge::new(store.clone(), home.clone(), repo.clone(), None, config);
+    let embedded = worker(&store, &home);
+    let server = TaskBridge::new(store.clone(), home.clone(), repo.clone(), embedded, config);
     let (server_io, client_io) = tokio::io::duplex(1 << 20);
     let handle = server.clone();
     tokio::spawn(async move {

@@ -89,6 +89,21 @@ impl Db {
     pub fn open(&self) -> Store {
         Store::connect(&self.location).unwrap()
     }
+
+    /// Runs `sql` on the queue's own tables behind the store's back, as another program (or
+    /// the clock) would change them: how a test makes a row older than the store could.
+    pub fn sql(&self, sql: &str) {
+        match (&self.location, &self.schema) {
+            (Location::Sqlite(path), _) => {
+                rusqlite::Connection::open(path).unwrap().execute_batch(sql).unwrap()
+            }
+            (_, Some(schema)) => {
+                let mut c = ::postgres::Client::connect(&pg_server(), ::postgres::NoTls).unwrap();
+                c.batch_execute(&format!("SET search_path TO \"{schema}\"; {sql}")).unwrap();
+            }
+            (Location::Postgres(_), None) => unreachable!("a PostgreSQL Db has its schema"),
+        }
+    }
 }
 
 impl Drop for Db {
