@@ -347,6 +347,37 @@ mod tests {
     }
 
     #[test]
+    fn a_line_is_counted_only_when_it_is_json_and_logged_only_when_it_says_something() {
+        let mut log = RunLog::default();
+        assert_eq!(
+            log.ingest("npm warn something").as_deref(),
+            Some("(not JSON) npm warn something")
+        );
+        assert_eq!(log.events, 0);
+        assert_eq!(log.ingest(r#"{"type":"step_start","sessionID":"s","part":{}}"#), None);
+        assert_eq!(
+            log.ingest(r#"{"type":"text","part":{"text":"Half way."}}"#).as_deref(),
+            Some("agent: Half way.")
+        );
+        assert_eq!(log.events, 2);
+        // A last step with no text of its own: the final text is the last one said.
+        log.ingest(r#"{"type":"step_start","part":{}}"#);
+        assert_eq!(log.final_text(), "Half way.");
+    }
+
+    #[test]
+    fn the_model_is_read_from_opencodes_stderr_once_it_names_one() {
+        let mut log = RunLog::default();
+        log.ingest_stderr("INFO service=llm providerID=anthropic modelID=undefined stream");
+        log.ingest_stderr(r#"INFO service=llm providerID="" modelID=claude-x stream"#);
+        assert_eq!(log.model_seen, None, "an empty or undefined name is no model");
+        log.ingest_stderr(r#"INFO service=llm providerID=anthropic modelID="claude-x" stream"#);
+        assert_eq!(log.model_seen.as_deref(), Some("anthropic/claude-x"));
+        log.ingest_stderr("INFO service=llm providerID=openai modelID=gpt-y stream");
+        assert_eq!(log.model_seen.as_deref(), Some("anthropic/claude-x"), "the first one stays");
+    }
+
+    #[test]
     fn an_error_event_keeps_the_agents_message_and_status() {
         let mut log = RunLog::default();
         log.ingest(r#"{"type":"error","sessionID":"s","error":{"name":"APIError","data":{"message":"invalid x-api-key","statusCode":401}}}"#);

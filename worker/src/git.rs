@@ -650,8 +650,9 @@ fn prune_stale_registrations(
             // A live worktree under that name with another branch: ours takes another name.
             continue;
         }
-        if !at_dir && opens(&reg.path) {
-            // Stepped around before; a registration that appeared since is left alone too.
+        if opens(&reg.path) {
+            // Live, and not ours (our directory was cleared before): stepped around before,
+            // so one that appeared since is left alone too.
             return Err(transient(format!(
                 "branch {branch} was checked out in another worktree at '{}' just now",
                 reg.path.display()
