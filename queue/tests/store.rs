@@ -56,6 +56,9 @@ on_both!(
     the_queue_counts_states_submissions_and_what_finished_with_its_timings,
     the_registry_tells_live_silent_and_stopped_workers_and_frees_a_dead_ones_tasks,
     doctor_hears_what_the_queue_runs_on_and_that_it_is_sound,
+    every_bound_takes_its_limit_and_refuses_one_past_it,
+    an_answer_and_a_note_take_the_limit_and_clearing_takes_only_an_age_and_finished_states,
+    a_merge_is_recorded_on_done_tasks_only_and_all_or_nothing,
 );
 
 fn open(b: Backend) -> (Db, Store) {
@@ -1107,6 +1110,14 @@ fn a_batch_budget_counts_what_the_batchs_other_tasks_spent(b: Backend) {
     assert_eq!(state.passed(0.0, 40), None);
     let stop = state.passed(0.0, 60).unwrap();
     assert_eq!((stop.scope.as_str(), stop.spent, stop.max), ("batch", 310.0, 300.0));
+    // Continuing raises the batch's budget by its first amount, not the task's own.
+    let c = claim(&store).unwrap();
+    assert_eq!(c.task.id, b);
+    wait_with(&store, b, c.token, Ask::budget(stop));
+    store.answer(b, "continue", "cli").unwrap();
+    let state = store.budget_of(b).unwrap();
+    assert_eq!(state.batch.unwrap().budget.max_tokens, Some(600));
+    assert_eq!(state.own.max_tokens, None);
     // Bad budgets and ask rules are refused before anything is stored.
     let mut bad = spec("x");
     bad.budget.max_cost_usd = Some(-1.0);
@@ -1460,4 +1471,117 @@ fn doctor_hears_what_the_queue_runs_on_and_that_it_is_sound(b: Backend) {
             assert!(info.ends_with("woken by a poll every 250 ms (listen=off)"), "{info}");
         }
     }
+}
+
+fn every_bound_takes_its_limit_and_refuses_one_past_it(b: Backend) {
+    let (_d, store) = open(b);
+    let with = |f: &dyn Fn(&mut TaskSpec)| {
+        let mut s = spec("a");
+        f(&mut s);
+        store.submit(s).map(|(t, _)| t)
+    };
+    let takes = |what: &str, f: &dyn Fn(&mut TaskSpec)| {
+        if let Err(e) = with(f) {
+            panic!("{what} should be taken: {e}");
+        }
+    };
+    let refuses = |what: &str, field: &str, f: &dyn Fn(&mut TaskSpec)| match with(f) {
+        Ok(t) => panic!("{what} should be refused, got task {:?}", t.id),
+        Err(e) => assert!(e.to_string().contains(field), "{what}: {e}"),
+    };
+    takes("a prompt of the limit", &|s| s.prompt = "x".repeat(MAX_PROMPT_BYTES));
+    refuses("a prompt past it", "prompt", &|s| s.prompt = "x".repeat(MAX_PROMPT_BYTES + 1));
+    for p in [-100, 100] {
+        takes("priority at an end", &|s| s.priority = p);
+    }
+    for n in [1, 20] {
+        takes("attempts at an end", &|s| s.max_attempts = n);
+    }
+    refuses("21 attempts", "max_attempts", &|s| s.max_attempts = 21);
+    for t in [1, 7 * 86_400] {
+        takes("a timeout at an end", &|s| s.timeout_s = t);
+    }
+    refuses("a week and a second", "timeout_s", &|s| s.timeout_s = 7 * 86_400 + 1);
+    takes("a question timeout of 1 s", &|s| s.question_timeout_s = Some(1));
+    refuses("one of 0 s", "question_timeout_s", &|s| s.question_timeout_s = Some(0));
+    takes("provider/model", &|s| s.model = Some("p/m".into()));
+    for model in ["/m", "p/", "/"] {
+        refuses(model, "provider/model", &|s| s.model = Some(model.into()));
+    }
+    takes("a title of 200", &|s| s.title = Some("é".repeat(200)));
+    refuses("one of 201", "title", &|s| s.title = Some("é".repeat(201)));
+    for key in ["k", &"k".repeat(200)] {
+        takes("a request id at an end", &|s| s.request_id = Some(key.to_owned()));
+    }
+    for key in ["", &"k".repeat(201)] {
+        refuses("a request id past an end", "request_id", &|s| s.request_id = Some(key.to_owned()));
+    }
+    takes("a cent", &|s| s.budget.max_cost_usd = Some(0.01));
+    for c in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+        refuses("no amount", "max_cost_usd", &|s| s.budget.max_cost_usd = Some(c));
+    }
+    takes("one token", &|s| s.budget.max_tokens = Some(1));
+    refuses("no tokens", "max_tokens", &|s| s.budget.max_tokens = Some(0));
+
+    // A task's title is its prompt's first line, cut at 80 characters (not bytes) with a mark.
+    let title = |prompt: String| with(&|s| s.prompt = prompt.clone()).unwrap().title;
+    assert_eq!(title(format!("\n  {}  \nmore", "é".repeat(80))), "é".repeat(80));
+    assert_eq!(title("é".repeat(81)), format!("{}…", "é".repeat(80)));
+    let blank = with(&|s| s.title = Some("  ".into())).unwrap();
+    assert_eq!(blank.title, "a", "a blank title is no title");
+
+    // In a batch the refusal names the item; a lone task has no place to name.
+    let lone = with(&|s| s.max_attempts = 0).unwrap_err().to_string();
+    assert!(lone.starts_with("invalid max_attempts: 0 is out of range"), "{lone}");
+    let mut bad = spec("b");
+    bad.max_attempts = 0;
+    let batch = store.submit_batch(vec![spec("a"), bad]).unwrap_err().to_string();
+    assert!(batch.contains("max_attempts: task #1 of the batch: 0 is out of range"), "{batch}");
+}
+
+fn an_answer_and_a_note_take_the_limit_and_clearing_takes_only_an_age_and_finished_states(
+    b: Backend,
+) {
+    let (_d, store) = open(b);
+    let id = submit(&store, "a");
+    let limit = "x".repeat(MAX_PROMPT_BYTES);
+    let past = format!("{limit}x");
+    store.add_note(id, &limit).unwrap();
+    let err = store.add_note(id, &past).unwrap_err().to_string();
+    assert!(err.contains("note: it is over 256 KiB"), "{err}");
+    let c = claim(&store).unwrap();
+    let waiting = Outcome::Waiting {
+        question: "Red or blue?".into(),
+        session_id: "ses_x".into(),
+        result: None,
+        ask: None,
+    };
+    store.finish(id, c.token, waiting).unwrap();
+    let err = store.answer(id, &past, "cli").unwrap_err().to_string();
+    assert!(err.contains("answer: it is over 256 KiB"), "{err}");
+    assert_eq!(store.answer(id, &limit, "cli").unwrap().status, TaskStatus::Queued);
+
+    for age in [-1.0, f64::NAN, f64::INFINITY] {
+        let err = store.clear_finished(age, &[TaskStatus::Done], &[]).unwrap_err().to_string();
+        assert!(err.contains("older_than_s"), "{age}: {err}");
+    }
+    let err = store.clear_finished(0.0, &[TaskStatus::Queued], &[]).unwrap_err().to_string();
+    assert!(err.contains("'queued' tasks are not finished"), "{err}");
+    assert_eq!(store.get(id).unwrap().status, TaskStatus::Queued, "nothing was cleared");
+}
+
+fn a_merge_is_recorded_on_done_tasks_only_and_all_or_nothing(b: Backend) {
+    let (_d, store) = open(b);
+    let (first, second) = (submit(&store, "a"), submit(&store, "b"));
+    let c = claim(&store).unwrap();
+    store.finish(first, c.token, done()).unwrap();
+    let err = store.record_merge(&[first, second], "main", "abc123").unwrap_err().to_string();
+    assert!(err.contains("merge_task") && err.contains("done"), "{err}");
+    assert_eq!(store.get(first).unwrap().merged_into, None, "nothing was recorded");
+    store.record_merge(&[first], "main", "abc123").unwrap();
+    let merged = store.get(first).unwrap();
+    assert_eq!(
+        (merged.merged_into.as_deref(), merged.merge_commit.as_deref()),
+        (Some("main"), Some("abc123"))
+    );
 }
