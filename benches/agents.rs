@@ -20,7 +20,11 @@
 //! it: submit → first request, and the model's last answer → `done` over its last answer → idle.
 //! `bench=agent.opencode.bare_headless` is the same server configured as TaskBridge configures
 //! the OpenCode it runs, and `..._ahead` that with the session made before the clock starts:
-//! OpenCode alone, how low the first ratio can go with nothing of TaskBridge around it.
+//! OpenCode alone, how low the first ratio can go with nothing of TaskBridge around it. Then
+//! `bench=agent.floor.streamed`: the warm server and the bare one again, against a mock that
+//! streams as a model does (its answer 300 ms after the stream starts), the time in which
+//! TaskBridge readies the next task's session; "after the last answer" runs from the answer's
+//! end.
 #![allow(clippy::unwrap_used, dead_code)]
 
 mod common;
@@ -50,7 +54,7 @@ fn opencode() -> PathBuf {
 struct Figures {
     first_request: Vec<f64>,
     done: Vec<f64>,
-    /// The model's last request (answered at once) → the end: `done`, or the session idle.
+    /// The model's last answer, sent whole → the end: `done`, or the session idle.
     after: Vec<f64>,
 }
 
@@ -150,6 +154,13 @@ impl Under<'_> {
             Under::Codex(m) => m.arrivals(),
         }
     }
+    /// When the last answer was sent whole (the Responses API mock answers at once).
+    fn last_answer(&self) -> Instant {
+        match self {
+            Under::OpenCode(m) | Under::ClaudeCode(m) => *m.answered().last().unwrap(),
+            Under::Codex(m) => *m.arrivals().last().unwrap(),
+        }
+    }
     fn agent(&self) -> Option<String> {
         match self {
             Under::OpenCode(_) => None,
@@ -160,9 +171,27 @@ impl Under<'_> {
 }
 
 fn measure(mode: &str, n: usize) -> Figures {
-    let mock = MockAnthropic::spawn((0..=n).map(|_| Turn::text("Done.")).collect());
+    measure_thinking(mode, n, 0)
+}
+
+/// The model's answer: at once, or `thinking_ms` after the stream's start, as a model streams.
+fn answer(thinking_ms: u64) -> Turn {
+    match thinking_ms {
+        0 => Turn::text("Done."),
+        ms => Turn::Streamed { after_ms: ms, turn: Box::new(Turn::text("Done.")) },
+    }
+}
+
+/// The label of a measurement against a model that thinks (`_streamed`) or not.
+fn labelled(label: &str, thinking_ms: u64) -> String {
+    if thinking_ms == 0 { label.to_owned() } else { format!("{label}_streamed") }
+}
+
+fn measure_thinking(mode: &str, n: usize, thinking_ms: u64) -> Figures {
+    let mock = MockAnthropic::spawn((0..=n).map(|_| answer(thinking_ms)).collect());
     let rig = rig(mode, &mock);
-    measure_on(&format!("opencode.{mode}"), &rig, &Under::OpenCode(&mock), n)
+    let label = labelled(&format!("opencode.{mode}"), thinking_ms);
+    measure_on(&label, &rig, &Under::OpenCode(&mock), n)
 }
 
 fn measure_claude(n: usize) -> Figures {
@@ -220,7 +249,7 @@ fn measure_on(label: &str, rig: &Rig, under: &Under<'_>, n: usize) -> Figures {
         let end = Instant::now();
         let arrivals = under.arrivals();
         if i > 0 {
-            figures.record(t0, end, &arrivals[before..]);
+            figures.record(t0, end, arrivals[before], under.last_answer());
         }
     }
     figures.print(label, n);
@@ -228,12 +257,13 @@ fn measure_on(label: &str, rig: &Rig, under: &Under<'_>, n: usize) -> Figures {
 }
 
 impl Figures {
-    /// One task that started at `t0`, ended at `end`, and made the model requests `arrivals`.
-    fn record(&mut self, t0: Instant, end: Instant, arrivals: &[Instant]) {
+    /// One task that started at `t0`, asked the model first at `first`, was last answered at
+    /// `answered` and ended at `end`.
+    fn record(&mut self, t0: Instant, end: Instant, first: Instant, answered: Instant) {
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         self.done.push(ms(end - t0));
-        self.first_request.push(ms(arrivals[0] - t0));
-        self.after.push(ms(end - arrivals[arrivals.len() - 1]));
+        self.first_request.push(ms(first - t0));
+        self.after.push(ms(end - answered));
     }
 
     fn print(&self, label: &str, n: usize) {
@@ -408,7 +438,11 @@ enum BareMode {
 
 /// OpenCode's own floor ([`Bare`]): per task a new session and `prompt_async`, until it is idle.
 fn measure_bare(n: usize, mode: BareMode) -> Figures {
-    let mock = MockAnthropic::spawn((0..=n).map(|_| Turn::text("Done.")).collect());
+    measure_bare_thinking(n, mode, 0)
+}
+
+fn measure_bare_thinking(n: usize, mode: BareMode, thinking_ms: u64) -> Figures {
+    let mock = MockAnthropic::spawn((0..=n).map(|_| answer(thinking_ms)).collect());
     let bare = Bare::start(&mock, mode != BareMode::Default);
     let idles = bare.idles();
     let mut figures = Figures { first_request: Vec::new(), done: Vec::new(), after: Vec::new() };
@@ -434,7 +468,7 @@ fn measure_bare(n: usize, mode: BareMode) -> Figures {
             }
         };
         if i > 0 {
-            figures.record(t0, end, &mock.arrivals()[before..]);
+            figures.record(t0, end, mock.arrivals()[before], *mock.answered().last().unwrap());
         }
     }
     let label = match mode {
@@ -442,7 +476,7 @@ fn measure_bare(n: usize, mode: BareMode) -> Figures {
         BareMode::Headless => "opencode.bare_headless",
         BareMode::HeadlessAhead => "opencode.bare_headless_ahead",
     };
-    figures.print(label, n);
+    figures.print(&labelled(label, thinking_ms), n);
     figures
 }
 
@@ -483,6 +517,9 @@ fn measure_answer(n: usize) -> Vec<f64> {
     latencies
 }
 
+/// How long the streaming mock thinks before it answers: well under what a real model takes.
+const THINKING_MS: u64 = 300;
+
 fn main() {
     let full = std::env::args().any(|a| a == "--bench");
     let n = if full { 20 } else { 3 };
@@ -504,6 +541,17 @@ fn main() {
          first_request_headless_ahead_over_bare={:.2}",
         p50(&headless.first_request) / p50(&bare.first_request),
         p50(&ahead.first_request) / p50(&bare.first_request)
+    );
+    // The same against a model that streams: its answer comes `THINKING_MS` after the stream
+    // starts, as a real model's does (later, in practice). While it thinks, TaskBridge makes the
+    // next task's session; a model answering at once leaves no such time between two tasks.
+    let serve = measure_thinking("serve", n, THINKING_MS);
+    let bare = measure_bare_thinking(n, BareMode::Default, THINKING_MS);
+    println!(
+        "bench=agent.floor.streamed first_request_serve_over_bare={:.2} \
+         after_last_answer_serve_over_bare={:.2}",
+        p50(&serve.first_request) / p50(&bare.first_request),
+        p50(&serve.after) / p50(&bare.after)
     );
     if floor_only {
         return;

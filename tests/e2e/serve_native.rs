@@ -451,6 +451,78 @@ fn the_next_task_reuses_a_done_tasks_directory_cleaned_and_on_its_own_branch() {
     assert_eq!(t3["worktree"], t2["worktree"]);
 }
 
+/// OpenCode's own list of the repository's sessions, as `opencode session list` prints it:
+/// each session's id and title.
+fn opencode_sessions(env: &Env) -> Vec<(String, String)> {
+    let out = std::process::Command::new(opencode())
+        .args(["session", "list", "--format", "json"])
+        .envs(env.env_vars())
+        .current_dir(&env.repo)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let list: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    list.iter()
+        .map(|s| (s["id"].as_str().unwrap().to_owned(), s["title"].as_str().unwrap().to_owned()))
+        .collect()
+}
+
+/// A done task's directory, kept for the next task, gets a session made ahead on the warm
+/// server. The next task goes on in it under its own title in OpenCode's list and with its own
+/// rules (its `ask` rule holds the command for approval); the one after it likewise; and the
+/// worker, stopping, deletes the session it made ahead that no task took.
+#[test]
+fn the_next_task_goes_on_in_a_session_made_ahead_with_its_own_title_and_rules() {
+    let env = Env::new();
+    let mock = MockAnthropic::spawn(vec![
+        Turn::text(result_block("First.")),
+        Turn::bash("echo deploy-now > deployed.txt"),
+        Turn::text(result_block("Deployed.")),
+        Turn::text(result_block("Third.")),
+    ]);
+    let env = env.with_mock(&mock);
+    let mut worker = serve_worker(&env);
+    let first = env.submit(&["First"]);
+    let t1 = env.wait_status(first, "done", RUN);
+    assert!(!env.log(first).contains("made ahead"), "{}", env.log(first));
+
+    let second = env.submit(&["Deploy it", "--ask", "bash:echo deploy*"]);
+    let t2 = env.wait_status(second, "waiting", RUN);
+    assert!(env.log(second).contains("was made ahead for this directory"), "{}", env.log(second));
+    assert_eq!(t2["worktree"], t1["worktree"]);
+    assert_eq!(t2["ask"]["permission"]["target"], "echo deploy-now > deployed.txt", "{t2:#}");
+    assert!(!env.worktree(second).join("deployed.txt").exists(), "nothing ran before the answer");
+    env.ok(&["answer", &second.to_string(), "once"]);
+    let t2 = env.wait_status(second, "done", RUN);
+    assert_eq!(touched_paths(&t2), ["deployed.txt"], "{t2:#}");
+
+    let third = env.submit(&["Third"]);
+    let t3 = env.wait_status(third, "done", RUN);
+    assert!(env.log(third).contains("was made ahead for this directory"), "{}", env.log(third));
+    let titled = |t: &Value, title: &str| {
+        let id = t["session_id"].as_str().unwrap().to_owned();
+        let sessions = opencode_sessions(&env);
+        assert!(sessions.contains(&(id, title.to_owned())), "{title}: {sessions:?}");
+    };
+    titled(&t1, "taskbridge #1: First");
+    titled(&t2, "taskbridge #2: Deploy it");
+    titled(&t3, "taskbridge #3: Third");
+
+    // The third task's directory has a session made ahead for a fourth; stopping, the worker
+    // deletes it, and OpenCode's list keeps the three tasks' sessions.
+    let ready = |sessions: &[(String, String)]| {
+        sessions.iter().filter(|(_, title)| title.starts_with("taskbridge: ready")).count()
+    };
+    let deadline = std::time::Instant::now() + RUN;
+    while ready(&opencode_sessions(&env)) != 1 {
+        assert!(std::time::Instant::now() < deadline, "{:?}", opencode_sessions(&env));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(worker.terminate().success());
+    let left = opencode_sessions(&env);
+    assert_eq!((ready(&left), left.len()), (0, 3), "{left:?}");
+}
+
 #[test]
 fn a_timeout_aborts_the_session_stops_its_command_and_fails_the_task() {
     let env = Env::new();

@@ -25,6 +25,9 @@ pub enum Turn {
     Hang,
     /// The inner turn, after a delay: a model that answers late.
     Slow { after_ms: u64, turn: Box<Turn> },
+    /// The inner turn streamed as a model streams it: `message_start` at once, the rest after a
+    /// delay (a model thinks between being asked and answering).
+    Streamed { after_ms: u64, turn: Box<Turn> },
 }
 
 impl Turn {
@@ -66,6 +69,8 @@ struct Inner {
     requests: Vec<Value>,
     /// When each request arrived.
     arrivals: Vec<std::time::Instant>,
+    /// When each answer was sent whole.
+    answered: Vec<std::time::Instant>,
     headers: Vec<HeaderMap>,
     sent: SentUsage,
     turns_served: u64,
@@ -107,12 +112,16 @@ async fn messages(State(m): State<MockAnthropic>, headers: HeaderMap, body: Byte
     if matches!(turn, Turn::Hang) {
         tokio::time::sleep(std::time::Duration::from_secs(3600)).await;
     }
-    let turn = match turn {
+    let (turn, thinking) = match turn {
         Turn::Slow { after_ms, turn } => {
             tokio::time::sleep(std::time::Duration::from_millis(after_ms)).await;
-            *turn
+            (*turn, None)
         }
-        other => other,
+        Turn::Streamed { after_ms, turn } if streaming => {
+            (*turn, Some(std::time::Duration::from_millis(after_ms)))
+        }
+        Turn::Streamed { turn, .. } => (*turn, None),
+        other => (other, None),
     };
     if let Turn::Error { status, kind, message } = &turn {
         let body = json!({"type": "error", "error": {"type": kind, "message": message}, "request_id": "req_mock"});
@@ -139,13 +148,16 @@ async fn messages(State(m): State<MockAnthropic>, headers: HeaderMap, body: Byte
         s.sent.cache_write += cache_write;
     }
     if !streaming {
+        m.inner.lock().unwrap().answered.push(std::time::Instant::now());
         let (content, stop_reason) = match &turn {
             Turn::Text(text) => (json!([{"type": "text", "text": text}]), "end_turn"),
             Turn::Tool { name, input } => (
                 json!([{"type": "tool_use", "id": format!("toolu_mock{n}"), "name": name, "input": input}]),
                 "tool_use",
             ),
-            Turn::Error { .. } | Turn::Hang | Turn::Slow { .. } => unreachable!(),
+            Turn::Error { .. } | Turn::Hang | Turn::Slow { .. } | Turn::Streamed { .. } => {
+                unreachable!()
+            }
         };
         let body = json!({"id": format!("msg_mock{n}"), "type": "message", "role": "assistant",
             "model": model, "content": content, "stop_reason": stop_reason, "stop_sequence": null,
@@ -178,12 +190,26 @@ async fn messages(State(m): State<MockAnthropic>, headers: HeaderMap, body: Byte
             events.push(("content_block_stop", json!({"type": "content_block_stop", "index": 0})));
             "tool_use"
         }
-        Turn::Error { .. } | Turn::Hang | Turn::Slow { .. } => unreachable!(),
+        Turn::Error { .. } | Turn::Hang | Turn::Slow { .. } | Turn::Streamed { .. } => {
+            unreachable!()
+        }
     };
     events.push(("message_delta", json!({"type": "message_delta", "delta": {"stop_reason": stop_reason, "stop_sequence": null}, "usage": {"output_tokens": output}})));
     events.push(("message_stop", json!({"type": "message_stop"})));
-    ([("content-type", "text/event-stream"), ("request-id", "req_mock")], sse(&events))
-        .into_response()
+    let headers = [("content-type", "text/event-stream"), ("request-id", "req_mock")];
+    let Some(thinking) = thinking else {
+        m.inner.lock().unwrap().answered.push(std::time::Instant::now());
+        return (headers, sse(&events)).into_response();
+    };
+    use futures::StreamExt;
+    let (start, rest) = (sse(&events[..1]), sse(&events[1..]));
+    let answer = async move {
+        tokio::time::sleep(thinking).await;
+        m.inner.lock().unwrap().answered.push(std::time::Instant::now());
+        Ok::<_, std::convert::Infallible>(rest)
+    };
+    let body = futures::stream::once(async { Ok(start) }).chain(futures::stream::once(answer));
+    (headers, axum::body::Body::from_stream(body)).into_response()
 }
 
 /// The text of the last user message: a string, or its text blocks joined.
@@ -269,6 +295,11 @@ impl MockAnthropic {
     }
 
     /// When each request arrived, in order.
+    /// When each answer was sent whole (a streamed one's last part, not its first).
+    pub fn answered(&self) -> Vec<std::time::Instant> {
+        self.inner.lock().unwrap().answered.clone()
+    }
+
     pub fn arrivals(&self) -> Vec<std::time::Instant> {
         self.inner.lock().unwrap().arrivals.clone()
     }

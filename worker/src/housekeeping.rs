@@ -245,6 +245,9 @@ impl Worker {
             return;
         }
         for sp in gone {
+            if let Some(servers) = &self.servers {
+                servers.forget_ready(&sp.dir).await;
+            }
             let (repo, d) = (PathBuf::from(&sp.repo), sp.dir.clone());
             if let Ok(Err(e)) =
                 tokio::task::spawn_blocking(move || git::remove_worktree(&repo, &d)).await

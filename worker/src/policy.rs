@@ -60,14 +60,21 @@ pub fn wildcard_match(glob: &str, text: &str) -> bool {
     g[gi..].iter().all(|c| *c == '*')
 }
 
+/// The rules every task's session starts from: everything allowed but leaving the directory.
+/// A task with no `ask` rules and no flags has exactly these, so a session made before its task
+/// is known (`crate::agent::opencode_serve`'s sessions made ahead) is made with them.
+pub fn base_rules() -> Vec<Value> {
+    vec![
+        json!({"permission": "*", "pattern": "*", "action": "allow"}),
+        json!({"permission": "external_directory", "pattern": "*", "action": "deny"}),
+    ]
+}
+
 /// The task's rules as the session's permission rules. The last matching rule wins and a
 /// request no rule matches asks, so everything is allowed first; then the task's `ask` rules;
 /// then the flags' denies, which no `ask` rule may loosen.
 pub fn permission_rules(task: &Task) -> Value {
-    let mut rules = vec![
-        json!({"permission": "*", "pattern": "*", "action": "allow"}),
-        json!({"permission": "external_directory", "pattern": "*", "action": "deny"}),
-    ];
+    let mut rules = base_rules();
     for rule in &task.ask_rules {
         if let Ok((permission, pattern)) = queue::parse_ask_rule(rule) {
             rules.push(json!({"permission": permission, "pattern": pattern, "action": "ask"}));
@@ -331,5 +338,16 @@ mod tests {
         let mut net = first.to_vec();
         net.extend(["webfetch * deny", "websearch * deny"]);
         assert_eq!(rules(false, false, true), net);
+    }
+
+    #[test]
+    fn a_task_without_ask_rules_or_flags_has_the_base_rules_and_any_of_them_changes_them() {
+        let plain = crate::sample_task();
+        assert_eq!(permission_rules(&plain), Value::Array(base_rules()));
+        let asks = queue::Task { ask_rules: vec!["bash:git push*".into()], ..plain.clone() };
+        let no_shell = queue::Task { no_shell: true, ..plain };
+        for task in [asks, no_shell] {
+            assert_ne!(permission_rules(&task), Value::Array(base_rules()));
+        }
     }
 }

@@ -142,6 +142,7 @@ impl Worker {
             session: session.clone(),
             without_session: talk.without_session.clone(),
             grants,
+            ahead: run.walled.shared_server().is_some() && !task.worktree_keep,
         };
         let mut on_step = progress(self.store.clone(), run, session);
         match server.run(turn, log, stop, run.deadline, &mut on_step).await {

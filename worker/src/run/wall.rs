@@ -31,6 +31,15 @@ pub(crate) struct Walled {
     pub server: Option<Arc<ServeAgent>>,
 }
 
+impl Walled {
+    /// The warm server this run shares with the other tasks of its repository (or, with no
+    /// sandbox, of the worker), which outlives the run. A server of the task's own is made only
+    /// for a task with a wall of its own (`Worker::wall`), and is stopped after its run.
+    pub fn shared_server(&self) -> Option<&Arc<ServeAgent>> {
+        self.server.as_ref().filter(|_| self.wall.is_none())
+    }
+}
+
 /// The directory a task's private temporary files go in (`TMPDIR`), removed after its run.
 pub(crate) fn task_tmp(home: &queue::Home, task: &Task) -> PathBuf {
     home.root().join("tmp").join(format!("task-{}", task.id.0))

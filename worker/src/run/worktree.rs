@@ -337,20 +337,25 @@ impl Worker {
             res.no_changes = true;
         }
         if !task.worktree_keep {
-            self.leave_worktree(task, dir, log).await;
+            self.leave_worktree(run, log).await;
         }
         Ok(Outcome::Done { result: Box::new(res) })
     }
 
     /// A done task's directory: kept for this worker's next task of the repository (`serve`
-    /// mode), else removed; the branch keeps the work either way.
-    async fn leave_worktree(&self, task: &Task, dir: &Path, log: &mut TaskLog) {
+    /// mode), else removed, with the session its turn made ahead there for that next task; the
+    /// branch keeps the work either way.
+    async fn leave_worktree(&self, run: &Run<'_>, log: &mut TaskLog) {
+        let (task, dir) = (run.task, &run.dir);
         if self.servers.is_some() && self.keep_spare(&task.repo, dir).await {
             log.line(
                 "work committed (the branch keeps it); the directory stays for this worker's \
                  next task of this repository, cleaned first",
             );
             return;
+        }
+        if let Some(server) = run.walled.shared_server() {
+            server.forget_ready(dir).await;
         }
         let (repo, d) = (PathBuf::from(&task.repo), dir.to_path_buf());
         match tokio::task::spawn_blocking(move || git::remove_worktree(&repo, &d)).await {

@@ -4,6 +4,7 @@
 use super::{ServeAgent, Turn, io_err};
 use serde_json::{Value, json};
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Where a session to continue was made, seen from the turn's directory.
@@ -76,20 +77,39 @@ fn directory_query(dir: &Path) -> String {
     format!("directory={encoded}")
 }
 
-impl ServeAgent {
-    pub(super) fn url(&self, port: u16, path: &str, dir: &Path) -> String {
-        format!("http://127.0.0.1:{port}{path}?{}", directory_query(dir))
+/// The way to one server: an HTTP client and the server's password. Cheap to clone, for work
+/// that goes on beside a turn (a session made ahead, its title).
+#[derive(Clone)]
+pub(super) struct Http {
+    client: reqwest::Client,
+    password: Arc<str>,
+}
+
+impl Http {
+    pub(super) fn new(password: String) -> Self {
+        let client = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .build()
+            .unwrap_or_default();
+        Http { client, password: password.into() }
     }
 
-    pub(super) async fn post(&self, url: &str, body: &Value) -> std::io::Result<reqwest::Response> {
-        let resp = self
-            .http
-            .post(url)
-            .basic_auth("opencode", Some(&self.password))
-            .json(body)
-            .send()
-            .await
-            .map_err(io_err)?;
+    pub(super) fn password(&self) -> &str {
+        &self.password
+    }
+
+    pub(super) fn request(&self, method: reqwest::Method, url: &str) -> reqwest::RequestBuilder {
+        self.client.request(method, url).basic_auth("opencode", Some(&*self.password))
+    }
+
+    /// A request with a JSON body; an answer that is not a success is an error that names it.
+    pub(super) async fn send(
+        &self,
+        method: reqwest::Method,
+        url: &str,
+        body: &Value,
+    ) -> std::io::Result<reqwest::Response> {
+        let resp = self.request(method, url).json(body).send().await.map_err(io_err)?;
         if !resp.status().is_success() {
             let status = resp.status();
             let text = resp.text().await.unwrap_or_default();
@@ -97,10 +117,25 @@ impl ServeAgent {
         }
         Ok(resp)
     }
+}
+
+/// A route of the server on `port`, for `dir`.
+pub(super) fn route(port: u16, path: &str, dir: &Path) -> String {
+    format!("http://127.0.0.1:{port}{path}?{}", directory_query(dir))
+}
+
+impl ServeAgent {
+    pub(super) fn url(&self, port: u16, path: &str, dir: &Path) -> String {
+        route(port, path, dir)
+    }
+
+    pub(super) async fn post(&self, url: &str, body: &Value) -> std::io::Result<reqwest::Response> {
+        self.http.send(reqwest::Method::POST, url, body).await
+    }
 
     /// A GET to the server, with its password.
     fn get(&self, url: &str) -> reqwest::RequestBuilder {
-        self.http.get(url).basic_auth("opencode", Some(&self.password))
+        self.http.request(reqwest::Method::GET, url)
     }
 
     pub(super) async fn subscribe(&self, port: u16, dir: &Path) -> std::io::Result<SseLines> {
@@ -135,7 +170,7 @@ impl ServeAgent {
     /// A new session for the task, with its permission rules, in the turn's directory.
     pub(super) async fn create(&self, port: u16, turn: &Turn<'_>) -> std::io::Result<String> {
         let body = json!({
-            "title": format!("taskbridge #{}: {}", turn.task.id.0, turn.task.title),
+            "title": super::session_title(turn.task),
             "permission": crate::policy::permission_rules(turn.task),
         });
         let created: Value = self
@@ -273,6 +308,79 @@ mod tests {
             "directory=/home/me/my%20repo/a%26b%3Dc~_.-"
         );
         assert_eq!(directory_query(Path::new("/tmp/é")), "directory=/tmp/%C3%A9");
+    }
+
+    #[test]
+    fn a_route_is_the_servers_loopback_address_with_the_directory() {
+        assert_eq!(
+            route(4242, "/session/ses_1", Path::new("/w/my repo")),
+            "http://127.0.0.1:4242/session/ses_1?directory=/w/my%20repo"
+        );
+    }
+
+    /// A loopback server that answers one request with `status` and `body`, and hands back the
+    /// request's head and body as it came.
+    async fn answer_once(status: &str, body: &str) -> (u16, tokio::task::JoinHandle<String>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let reply = format!(
+            "HTTP/1.1 {status}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        let seen = tokio::spawn(async move {
+            let (mut sock, _) = listener.accept().await.unwrap();
+            let mut request = Vec::new();
+            let mut buf = [0u8; 4096];
+            loop {
+                let n = sock.read(&mut buf).await.unwrap();
+                request.extend_from_slice(&buf[..n]);
+                let text = String::from_utf8_lossy(&request).to_string();
+                let Some((head, rest)) = text.split_once("\r\n\r\n") else { continue };
+                let length = head
+                    .lines()
+                    .find_map(|l| {
+                        l.to_ascii_lowercase().strip_prefix("content-length: ").map(str::to_owned)
+                    })
+                    .and_then(|l| l.trim().parse::<usize>().ok())
+                    .unwrap_or(0);
+                if rest.len() >= length {
+                    break;
+                }
+            }
+            sock.write_all(reply.as_bytes()).await.unwrap();
+            String::from_utf8_lossy(&request).to_string()
+        });
+        (port, seen)
+    }
+
+    #[tokio::test]
+    async fn a_request_carries_the_servers_password_and_a_refusal_is_an_error_naming_it() {
+        crate::notify::install_tls();
+        let http = Http::new("s3cret".into());
+        assert_eq!(http.password(), "s3cret");
+        // `opencode:s3cret` in HTTP basic authentication.
+        let auth = "authorization: Basic b3BlbmNvZGU6czNjcmV0";
+
+        let (port, seen) = answer_once("200 OK", "{}").await;
+        let url = format!("http://127.0.0.1:{port}/session/ses_1?directory=/w");
+        let sent = http.send(reqwest::Method::PATCH, &url, &json!({"title": "t"})).await;
+        assert!(sent.is_ok(), "{sent:?}");
+        let request = seen.await.unwrap();
+        assert!(request.starts_with("PATCH /session/ses_1?directory=/w HTTP/1.1"), "{request}");
+        assert!(request.contains(auth), "{request}");
+        assert!(request.ends_with(r#"{"title":"t"}"#), "{request}");
+
+        let (port, _) = answer_once("404 Not Found", "no such session").await;
+        let url = format!("http://127.0.0.1:{port}/session/ses_2");
+        let e = http.send(reqwest::Method::DELETE, &url, &json!({})).await.unwrap_err();
+        let e = e.to_string();
+        assert!(e.contains("404") && e.contains(&url) && e.contains("no such session"), "{e}");
+
+        let (port, seen) = answer_once("200 OK", "").await;
+        let url = format!("http://127.0.0.1:{port}/event");
+        http.request(reqwest::Method::GET, &url).send().await.unwrap();
+        assert!(seen.await.unwrap().contains(auth));
     }
 
     #[tokio::test]

@@ -16,12 +16,14 @@
 
 //! Where each part lives: the server process (`server.rs`: start, restart, the files a dead
 //! worker's server is found by), its HTTP routes (`client.rs`), its event stream read for one
-//! session (`protocol.rs`), and the requests parked while their tasks wait (`parked.rs`). The
-//! rules a session is created with are the crate's policy (`crate::policy`).
+//! session (`protocol.rs`), the requests parked while their tasks wait (`parked.rs`), and the
+//! sessions made ahead in spare directories for the next task (`ready.rs`). The rules a session
+//! is created with are the crate's policy (`crate::policy`).
 
 mod client;
 mod parked;
 mod protocol;
+mod ready;
 mod server;
 
 pub use server::{
@@ -99,14 +101,11 @@ impl Servers {
             env,
             wall,
             pid_file: self.dir.join(format!("{}@{key}.json", self.worker_file)),
-            password: server::random_password(),
-            http: reqwest::Client::builder()
-                .connect_timeout(Duration::from_secs(10))
-                .build()
-                .unwrap_or_default(),
+            http: client::Http::new(server::random_password()),
             state: tokio::sync::Mutex::new(None),
             generation: Default::default(),
             parked: Default::default(),
+            ready: Default::default(),
         });
         by_wall.insert(key.to_owned(), server.clone());
         Ok(server)
@@ -124,10 +123,18 @@ impl Servers {
         self.by_wall.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect()
     }
 
-    /// Stops every server and everything they started.
+    /// Stops every server and everything they started, deleting the sessions they made ahead.
     pub async fn shutdown(&self) {
         for s in self.all() {
+            s.forget_all_ready().await;
             s.shutdown().await;
+        }
+    }
+
+    /// Deletes the sessions made ahead in `dir` (a spare being removed), on every server.
+    pub async fn forget_ready(&self, dir: &Path) {
+        for s in self.all() {
+            s.forget_ready(dir).await;
         }
     }
 
@@ -153,11 +160,12 @@ pub struct ServeAgent {
     /// `<home>/servers/<worker>@<wall>.json`: the server's pid and start time, so the next
     /// worker on this host can kill a server whose worker was killed.
     pid_file: PathBuf,
-    password: String,
-    http: reqwest::Client,
+    http: client::Http,
     state: tokio::sync::Mutex<Option<Running>>,
     generation: std::sync::atomic::AtomicU64,
     parked: std::sync::Mutex<HashMap<TaskId, Parked>>,
+    /// Sessions made ahead in spare directories, for the next task there.
+    ready: std::sync::Mutex<HashMap<PathBuf, ready::Ready>>,
 }
 
 /// How a turn begins.
@@ -203,6 +211,15 @@ pub struct Turn<'a> {
     /// another host): one that stands without the conversation.
     pub without_session: Option<String>,
     pub grants: Grants,
+    /// Whether to make a session in the directory for the next task there, once the model has
+    /// been asked: the task shares its repository's server, and may leave the directory to the
+    /// repository's next task.
+    pub ahead: bool,
+}
+
+/// What OpenCode's session list calls a task's session.
+fn session_title(task: &Task) -> String {
+    format!("taskbridge #{}: {}", task.id.0, task.title)
 }
 
 fn io_err(e: impl std::fmt::Display) -> std::io::Error {
@@ -223,10 +240,19 @@ impl ServeAgent {
     ) -> std::io::Result<AgentExit> {
         let mut port = self.ensure().await?;
         let dir = turn.dir;
-        // Subscribe before prompting, so no event of the turn is missed; the session is made (or
-        // found) meanwhile, one round trip to the server instead of two before the prompt.
-        let (mut events, session) =
-            tokio::try_join!(self.subscribe(port, dir), self.session_for(port, &mut turn, log))?;
+        // A session made ahead is given its title once the model has been asked.
+        let mut untitled = None;
+        let (mut events, session) = match self.ready_for(port, &turn, log).await {
+            Some((events, session, url)) => {
+                untitled = Some((url, session_title(turn.task)));
+                (events, session)
+            }
+            // Subscribe before prompting, so no event of the turn is missed; the session is made
+            // (or found) meanwhile, one round trip to the server instead of two before the prompt.
+            None => {
+                tokio::try_join!(self.subscribe(port, dir), self.session_for(port, &mut turn, log))?
+            }
+        };
         log.line(&format!("OpenCode server on port {port}: session {session}"));
         on_progress(Progress::Session(&session));
         let mut follow = Following::new(&session);
@@ -243,6 +269,7 @@ impl ServeAgent {
         let mut stopped = None;
         let mut waiting = None;
         let mut restarts = 0;
+        let mut asked = false;
         let mut tick = tokio::time::interval(TICK);
         loop {
             tokio::select! {
@@ -254,6 +281,17 @@ impl ServeAgent {
                 ev = events.next() => match ev {
                     Some(data) => {
                         let Ok(ev) = serde_json::from_str::<Value>(&data) else { continue };
+                        if !asked && protocol::step_started(&ev, &session) {
+                            // While the model works, OpenCode is free for what the turn's
+                            // prompt need not wait for.
+                            asked = true;
+                            if let Some((url, title)) = untitled.take() {
+                                self.give_title(&url, title);
+                            }
+                            if turn.ahead {
+                                self.make_ready(dir).await;
+                            }
+                        }
                         match self.event(port, &mut turn, &mut follow, &ev, log, on_progress).await? {
                             Next::Go => {}
                             Next::Finished => break,
@@ -298,6 +336,10 @@ impl ServeAgent {
             && let Some(request_id) = &ask.request_id
         {
             self.park(turn.task.id, &session, request_id, dir).await;
+        }
+        if stopped.is_none() && waiting.is_none() {
+            // The directory's stream goes on, with the session made ahead for the next task.
+            self.hand_over(dir, events);
         }
         let run = follow.into_run();
         Ok(AgentExit { exit_code: Some(0), stopped, stderr_tail: String::new(), run, waiting })

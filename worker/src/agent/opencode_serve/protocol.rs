@@ -102,6 +102,13 @@ impl Following {
     }
 }
 
+/// Whether `ev` says that `session`'s agent began a step: the model has been asked.
+pub(super) fn step_started(ev: &Value, session: &str) -> bool {
+    ev["type"] == "message.part.updated"
+        && ev.pointer("/properties/sessionID").and_then(Value::as_str) == Some(session)
+        && ev.pointer("/properties/part/type").and_then(Value::as_str) == Some("step-start")
+}
+
 /// The decision an event asks for: the agent's question, or a permission request.
 pub(super) fn decision(ev: &Value) -> Option<Ask> {
     let props = &ev["properties"];
@@ -441,5 +448,19 @@ mod tests {
         assert_eq!(p.permission.map(|p| p.permission).as_deref(), Some("bash"));
         assert!(decision(&ev("session.idle", json!({}))).is_none());
         assert!(decision(&json!({})).is_none());
+    }
+
+    #[test]
+    fn a_step_started_is_the_sessions_own_step_start_part_and_nothing_else() {
+        let part = |session: &str, ty: &str| {
+            json!({"type": "message.part.updated",
+                   "properties": {"sessionID": session, "part": {"type": ty}}})
+        };
+        assert!(step_started(&part("s", "step-start"), "s"));
+        assert!(!step_started(&part("other", "step-start"), "s"), "another session's");
+        assert!(!step_started(&part("s", "text"), "s"), "not a step's start");
+        let updated = json!({"type": "message.updated",
+                             "properties": {"sessionID": "s", "part": {"type": "step-start"}}});
+        assert!(!step_started(&updated, "s"), "not a part's event");
     }
 }

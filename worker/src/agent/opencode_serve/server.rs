@@ -140,7 +140,7 @@ impl ServeAgent {
         let mut child = child
             .args(["serve", "--port", &port.to_string(), "--hostname", "127.0.0.1"])
             .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .env("OPENCODE_SERVER_PASSWORD", &self.password)
+            .env("OPENCODE_SERVER_PASSWORD", self.http.password())
             // The agent's own question tool: TaskBridge answers it.
             .env("OPENCODE_ENABLE_QUESTION_TOOL", "1")
             .process_group(0)
