@@ -151,7 +151,7 @@ fn list(
     let status =
         status.map(|s| s.parse::<StatusFilter>()).transpose().map_err(anyhow::Error::msg)?;
     let repo = repo.map(|r| {
-        worker::git::resolve_repo(&ctx.cwd.join(&r), None)
+        worker::resolve_repo(&ctx.cwd.join(&r), None)
             .map(|x| x.toplevel.display().to_string())
             .unwrap_or_else(|_| r.display().to_string())
     });

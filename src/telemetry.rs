@@ -34,7 +34,7 @@ pub fn init(env: &queue::Environment) -> anyhow::Result<Traces> {
         .with_resource(resource.build())
         .build();
     opentelemetry::global::set_tracer_provider(provider.clone());
-    worker::trace::enable();
+    worker::enable_traces();
     tracing::info!("exporting traces over OTLP/HTTP");
     Ok(Traces(Some(provider)))
 }

@@ -303,10 +303,10 @@ async fn serve_guarded(
 
 /// One scrape: the queue read off the runtime (a PostgreSQL round trip, a SQLite read).
 async fn scrape(State(MetricsOf(store)): State<MetricsOf>) -> Response {
-    let rendered = tokio::task::spawn_blocking(move || worker::metrics::render(&store)).await;
+    let rendered = tokio::task::spawn_blocking(move || worker::render_metrics(&store)).await;
     match rendered {
         Ok(Ok(text)) => {
-            ([(header::CONTENT_TYPE, worker::metrics::CONTENT_TYPE)], text).into_response()
+            ([(header::CONTENT_TYPE, worker::METRICS_CONTENT_TYPE)], text).into_response()
         }
         Ok(Err(e)) => {
             tracing::warn!(error = %e, "a scrape could not read the queue");

@@ -168,7 +168,7 @@ impl TaskBridge {
     /// above the root (or a symlink out of it) is outside.
     pub(crate) fn check_repo_allowed(&self, repo: &Path) -> Result<(), String> {
         let Some(roots) = self.inner.repo_roots.get() else { return Ok(()) };
-        let real = worker::git::resolve_repo(repo, None)
+        let real = worker::resolve_repo(repo, None)
             .map(|r| r.toplevel)
             .unwrap_or_else(|_| repo.to_path_buf());
         let real = real.canonicalize().unwrap_or(real);

@@ -562,9 +562,7 @@ impl TaskBridge {
         let repo = args.repo.map(|r| {
             let p = PathBuf::from(&r);
             let p = if p.is_absolute() { p } else { self.cwd().join(p) };
-            worker::git::resolve_repo(&p, None)
-                .map(|x| x.toplevel.display().to_string())
-                .unwrap_or(r)
+            worker::resolve_repo(&p, None).map(|x| x.toplevel.display().to_string()).unwrap_or(r)
         });
         let offset = args.offset.unwrap_or(0);
         let restricted = !self.roots_as_text().is_empty();

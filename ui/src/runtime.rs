@@ -330,7 +330,7 @@ impl Effects {
                             // Its own work: against where it started (a stacked task's
                             // dependencies' work).
                             let from = t.started_from.as_deref().unwrap_or(&t.base);
-                            worker::git::diff_against_base(std::path::Path::new(wt), from)
+                            worker::diff_against_base(std::path::Path::new(wt), from)
                                 .map(|d| d.patch)
                                 .unwrap_or_default()
                         }

@@ -15,16 +15,17 @@
 //!   permission policy they all meet (`policy.rs`: the task's rules, grants, wildcards, the
 //!   decision on a tool call), answers and reports (`decisions.rs`), failures explained
 //!   (`diagnose.rs`), the models they offer ([`models`]) and process supervision ([`process`]);
-//! - git ([`git`]: worktrees, stacking, commits, diffs; `merge.rs`; `remote.rs`: the remote that
+//! - git (`git.rs`: worktrees, stacking, commits, diffs; `merge.rs`; `remote.rs`: the remote that
 //!   lets workers on several hosts share a repository, and their mirrors of it);
 //! - the checks of `[verify]` (`verify.rs`), reading what the agent said into the task's result
 //!   (`result.rs`; the result's type, `TaskResult`, is the queue's), task log files
-//!   ([`logs`]), notifications (`notify.rs`), metrics ([`metrics`]) and traces ([`trace`]), the user service that runs a worker without a
-//!   terminal ([`service`]), `clear_finished` (`clear.rs`), and the `submit` and `followup`
+//!   ([`logs`]), notifications (`notify.rs`), metrics (`metrics.rs`: what `/metrics` serves)
+//!   and traces (`trace.rs`), the user service that runs a worker without a terminal
+//!   ([`service`]), `clear_finished` (`clear.rs`), and the `submit` and `followup`
 //!   operations that resolve a repository before it reaches the queue (`submit.rs`).
 //!
-//! The front ends use what is re-exported here and the public modules (`metrics` among them:
-//! what `/metrics` serves); the rest is private.
+//! The front ends use what is re-exported here and the six public modules (the agents, logs,
+//! models, processes, the sandbox, the service); the rest is private.
 //!
 //! It reads no environment variable itself: what the process was started with comes in
 //! `WorkerConfig::env` (a `queue::Environment` the binary read once), and programs are found
@@ -41,11 +42,11 @@ mod decisions;
 mod diagnose;
 mod error;
 mod events;
-pub mod git;
+mod git;
 mod housekeeping;
 pub mod logs;
 mod merge;
-pub mod metrics;
+mod metrics;
 pub mod models;
 mod notify;
 mod opencode_config;
@@ -57,7 +58,7 @@ mod run;
 pub mod sandbox;
 pub mod service;
 mod submit;
-pub mod trace;
+mod trace;
 mod verify;
 
 pub use claim_loop::{RunningWorker, Worker};
@@ -65,11 +66,14 @@ pub use clear::clear_finished;
 pub use config::{OpenCodeMode, RepoConfig, SandboxConfig, WorkerConfig, hostname};
 pub use error::{Error, Result};
 pub use events::RunLog;
+pub use git::{ResolvedRepo, WorkDiff, diff_against_base, resolve_repo};
 pub use merge::{MergeReport, Overlap, merge_task, overlaps};
+pub use metrics::{CONTENT_TYPE as METRICS_CONTENT_TYPE, render as render_metrics};
 pub use notify::{NotifyConfig, install_tls};
 pub use opencode_config::{BRIDGE_MCP_NAME, headless as headless_opencode_config};
 pub use result::TaskResult;
 pub use submit::{SubmitRequest, Submitted, followup, submit, submit_batch};
+pub use trace::enable as enable_traces;
 
 /// A task as the queue would hand it over, for the unit tests' decisions.
 #[cfg(test)]
