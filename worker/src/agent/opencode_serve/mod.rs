@@ -337,6 +337,10 @@ impl ServeAgent {
         {
             self.park(turn.task.id, &session, request_id, dir).await;
         }
+        if let Some((url, title)) = untitled.take() {
+            // The turn ended before the model was asked (stopped, or it failed first).
+            self.give_title(&url, title);
+        }
         if stopped.is_none() && waiting.is_none() {
             // The directory's stream goes on, with the session made ahead for the next task.
             self.hand_over(dir, events);
