@@ -243,8 +243,8 @@ impl ServeAgent {
         // A session made ahead is given its title once the model has been asked.
         let mut untitled = None;
         let (mut events, session) = match self.ready_for(port, &turn, log).await {
-            Some((events, session, url)) => {
-                untitled = Some((url, session_title(turn.task)));
+            Some((events, session)) => {
+                untitled = Some(session_title(turn.task));
                 (events, session)
             }
             // Subscribe before prompting, so no event of the turn is missed; the session is made
@@ -285,8 +285,8 @@ impl ServeAgent {
                             // While the model works, OpenCode is free for what the turn's
                             // prompt need not wait for.
                             asked = true;
-                            if let Some((url, title)) = untitled.take() {
-                                self.give_title(&url, title);
+                            if let Some(title) = untitled.take() {
+                                self.give_title(port, dir, &session, title);
                             }
                             if turn.ahead {
                                 self.make_ready(dir).await;
@@ -337,9 +337,9 @@ impl ServeAgent {
         {
             self.park(turn.task.id, &session, request_id, dir).await;
         }
-        if let Some((url, title)) = untitled.take() {
+        if let Some(title) = untitled.take() {
             // The turn ended before the model was asked (stopped, or it failed first).
-            self.give_title(&url, title);
+            self.give_title(port, dir, &session, title);
         }
         if stopped.is_none() && waiting.is_none() {
             // The directory's stream goes on, with the session made ahead for the next task.

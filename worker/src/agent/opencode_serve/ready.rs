@@ -91,7 +91,7 @@ impl ServeAgent {
         port: u16,
         turn: &Turn<'_>,
         log: &mut TaskLog,
-    ) -> Option<(SseLines, String, String)> {
+    ) -> Option<(SseLines, String)> {
         let dir = turn.dir;
         let Ready { made, events } = self.ready.lock().ok()?.remove(dir)?;
         if turn.session.is_some() {
@@ -131,7 +131,7 @@ impl ServeAgent {
         match tokio::try_join!(events, given) {
             Ok((events, ())) => {
                 log.line(&format!("session {} was made ahead for this directory", made.session));
-                Some((events, made.session, made.url))
+                Some((events, made.session))
             }
             Err(e) => {
                 log.line(&format!(
@@ -144,9 +144,9 @@ impl ServeAgent {
         }
     }
 
-    /// Gives a session made ahead its task's title, beside the turn.
-    pub(super) fn give_title(&self, url: &str, title: String) {
-        let (http, url) = (self.http.clone(), url.to_owned());
+    /// Gives a session made ahead (on the server now at `port`) its task's title, beside the turn.
+    pub(super) fn give_title(&self, port: u16, dir: &Path, session: &str, title: String) {
+        let (http, url) = (self.http.clone(), self.url(port, &format!("/session/{session}"), dir));
         tokio::spawn(async move {
             let named = http.send(reqwest::Method::PATCH, &url, &json!({"title": title})).await;
             if let Err(e) = named {
