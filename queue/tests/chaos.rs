@@ -109,6 +109,9 @@ fn chaos_every_task_ends_exactly_once(b: Backend) {
         }
         store.submit_batch(chunk).unwrap();
     }
+    // Every task is in the queue before any worker starts: a submit that lost some would
+    // otherwise only show as a run that never finishes.
+    assert_eq!(store.queue_status().unwrap().counts["queued"] as usize, n, "submitted, queued");
     // The sweeper runs on its own: when a stopped worker holds the write lock, only it waits.
     let stop_reaper = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let reaper = {
