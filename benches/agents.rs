@@ -25,6 +25,10 @@
 //! streams as a model does (its answer 300 ms after the stream starts), the time in which
 //! TaskBridge readies the next task's session; "after the last answer" runs from the answer's
 //! end.
+//!
+//! `-- floor pause=MS` waits MS milliseconds before each task on every side alike (the time a
+//! submitter takes to read one result before it sends the next task), where by default the next
+//! task follows the last one's end at once.
 #![allow(clippy::unwrap_used, dead_code)]
 
 mod common;
@@ -49,6 +53,15 @@ fn opencode() -> PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR"))
             .join(".tools/node_modules/opencode-ai/bin/opencode.exe")
     })
+}
+
+/// How long each side waits before each task (`pause=MS`), alike on every side.
+static PAUSE: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+
+fn pause() {
+    if let Some(d) = PAUSE.get() {
+        std::thread::sleep(*d);
+    }
 }
 
 struct Figures {
@@ -229,6 +242,7 @@ fn measure_on(label: &str, rig: &Rig, under: &Under<'_>, n: usize) -> Figures {
     let (store, repo) = (&rig.store, &rig.repo);
     let mut figures = Figures { first_request: Vec::new(), done: Vec::new(), after: Vec::new() };
     for i in 0..=n {
+        pause();
         let before = under.arrivals().len();
         let t0 = Instant::now();
         let mut req = worker::SubmitRequest::new(format!("Say done ({i})."), repo);
@@ -452,6 +466,7 @@ fn measure_bare_thinking(n: usize, mode: BareMode, thinking_ms: u64) -> Figures 
         created["id"].as_str().unwrap().to_owned()
     };
     for i in 0..=n {
+        pause();
         let before = mock.arrivals().len();
         let ahead = (mode == BareMode::HeadlessAhead).then(create);
         let t0 = Instant::now();
@@ -525,6 +540,11 @@ fn main() {
     let n = if full { 20 } else { 3 };
     // `cargo bench --bench agents -- floor`: only the warm server and the bare one beside it.
     let floor_only = std::env::args().any(|a| a == "floor");
+    let pause_ms = std::env::args().find_map(|a| a.strip_prefix("pause=")?.parse().ok());
+    if let Some(ms) = pause_ms {
+        PAUSE.set(Duration::from_millis(ms)).unwrap();
+        println!("bench=agent.pause ms={ms}");
+    }
     let serve = measure("serve", n);
     let bare = measure_bare(n, BareMode::Default);
     println!(
