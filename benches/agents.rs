@@ -540,7 +540,10 @@ fn main() {
     let n = if full { 20 } else { 3 };
     // `cargo bench --bench agents -- floor`: only the warm server and the bare one beside it.
     let floor_only = std::env::args().any(|a| a == "floor");
-    let pause_ms = std::env::args().find_map(|a| a.strip_prefix("pause=")?.parse().ok());
+    let pause_ms = std::env::args().find_map(|a| {
+        let ms = a.strip_prefix("pause=")?;
+        Some(ms.parse::<u64>().unwrap_or_else(|_| panic!("pause={ms}: give whole milliseconds")))
+    });
     if let Some(ms) = pause_ms {
         PAUSE.set(Duration::from_millis(ms)).unwrap();
         println!("bench=agent.pause ms={ms}");
