@@ -294,12 +294,12 @@ impl MockAnthropic {
         self.inner.lock().unwrap().requests.clone()
     }
 
-    /// When each request arrived, in order.
     /// When each answer was sent whole (a streamed one's last part, not its first).
     pub fn answered(&self) -> Vec<std::time::Instant> {
         self.inner.lock().unwrap().answered.clone()
     }
 
+    /// When each request arrived, in order.
     pub fn arrivals(&self) -> Vec<std::time::Instant> {
         self.inner.lock().unwrap().arrivals.clone()
     }
