@@ -1,10 +1,11 @@
 //! Noticing commits made by other processes.
 //!
 //! The database is the only channel between TaskBridge processes, so a worker must learn quickly
-//! that another process submitted a task. On SQLite, two layers: on Linux an
-//! inotify watch on the database's directory fires when the `-wal` file is written, typically
-//! well under a millisecond after the commit; and a `PRAGMA data_version` poll on a connection of
-//! its own catches anything the edge signal missed (and is the only layer elsewhere). On
+//! that another process submitted a task. On SQLite, two layers: on Linux an inotify watch on
+//! the database's directory wakes when the `-wal` file is written and calls back once `PRAGMA
+//! data_version` shows the commit readable, typically well under a millisecond after it; and a
+//! `PRAGMA data_version` poll on a connection of its own catches anything the edge signal missed
+//! (and is the only layer elsewhere). On
 //! PostgreSQL, LISTEN on the schema's channel with a ping and a poll (see `crate::pg::watch`).
 
 use crate::error::Result;
@@ -70,13 +71,10 @@ impl ChangeWatcher {
         std::thread::Builder::new()
             .name("taskbridge-db-poll".into())
             .spawn(move || {
-                let version = |c: &Connection| -> Option<i64> {
-                    c.query_row("PRAGMA data_version", [], |r| r.get(0)).ok()
-                };
-                let mut last = version(&conn);
+                let mut last = data_version(&conn);
                 while !poll_stop.load(Ordering::Relaxed) {
                     std::thread::sleep(interval);
-                    let now = version(&conn);
+                    let now = data_version(&conn);
                     if now != last {
                         last = now;
                         on_change();
@@ -116,20 +114,56 @@ fn spawn_file_watch(
     {
         return false;
     }
+    let Ok(conn) = Connection::open(db_path) else { return false };
     std::thread::Builder::new()
         .name("taskbridge-db-watch".into())
         .spawn(move || {
             let mut buf = [0u8; 4096];
+            let mut last = data_version(&conn);
             while !stop.load(Ordering::Relaxed) {
                 let Ok(events) = inotify.read_events_blocking(&mut buf) else { return };
                 let relevant =
                     events.into_iter().any(|e| e.name.is_some_and(|n| n == wal || n == name));
-                if relevant {
+                if relevant && let Some(now) = readable_change(&conn, last) {
+                    last = now;
                     on_change();
                 }
             }
         })
         .is_ok()
+}
+
+/// How long a write to the WAL is given to become a commit another connection can read.
+#[cfg(target_os = "linux")]
+const COMMIT_READABLE_WITHIN: Duration = Duration::from_millis(20);
+
+/// `PRAGMA data_version` of `conn`: it changes when another connection commits.
+fn data_version(conn: &Connection) -> Option<i64> {
+    conn.query_row("PRAGMA data_version", [], |r| r.get(0)).ok()
+}
+
+/// After a write to the database's files: the new `data_version` once another connection's
+/// commit can be read, or `None` when none becomes readable within
+/// [`COMMIT_READABLE_WITHIN`]. SQLite writes a commit's frames to the WAL before it publishes
+/// them in the WAL's index, so a waiter called on the first write would read the database as it
+/// was and then hear nothing more (inotify folds the later writes into the event already read),
+/// until the poll's next tick. A write that is no commit (a checkpoint, the rest of a commit
+/// already seen) changes nothing readable, and calls no one.
+#[cfg(target_os = "linux")]
+fn readable_change(conn: &Connection, last: Option<i64>) -> Option<Option<i64>> {
+    let deadline = std::time::Instant::now() + COMMIT_READABLE_WITHIN;
+    let mut pause = Duration::from_micros(100);
+    loop {
+        let now = data_version(conn);
+        if now != last {
+            return Some(now);
+        }
+        if std::time::Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(2));
+    }
 }
 
 #[cfg(not(target_os = "linux"))]

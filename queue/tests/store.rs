@@ -798,6 +798,41 @@ fn sqlite_another_process_commit_is_noticed_by_each_watch_layer_alone() {
     }
 }
 
+#[test]
+fn sqlite_the_file_watch_calls_back_once_the_commit_can_be_read() {
+    // The file watch alone, so that a call made before a commit can be read is not rescued by
+    // the poll (whose next tick is a quarter of a second away): a waiter woken by it reads the
+    // database at once, and must find what was committed, commit after commit.
+    let (d, store) = open(Backend::Sqlite);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let _w = ChangeWatcher::with_layers(store.path().unwrap(), true, false, move || {
+        let _ = tx.send(());
+    })
+    .unwrap();
+    let (go, turns) = std::sync::mpsc::channel::<()>();
+    let writer = d.open();
+    let rounds = 50;
+    let writing = std::thread::spawn(move || {
+        for i in 0..rounds {
+            writer.submit(spec(&format!("commit {i}"))).unwrap();
+            if turns.recv().is_err() {
+                return;
+            }
+        }
+    });
+    for i in 1..=rounds {
+        loop {
+            rx.recv_timeout(Duration::from_secs(5))
+                .unwrap_or_else(|_| panic!("commit {i} was never readable after a call"));
+            if store.get(TaskId(i)).is_ok() {
+                break;
+            }
+        }
+        go.send(()).unwrap();
+    }
+    writing.join().unwrap();
+}
+
 /// A child process of its test: see `support::child`.
 fn submit_once(db: &str) {
     let store = Store::connect(&Location::parse(db).unwrap()).unwrap();
