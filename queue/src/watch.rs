@@ -103,8 +103,7 @@ fn spawn_file_watch(
 ) -> bool {
     use inotify::{Inotify, WatchMask};
     let dir = db_path.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
-    let Some(name) = db_path.file_name().map(|n| n.to_os_string()) else { return false };
-    let mut wal = name.clone();
+    let Some(mut wal) = db_path.file_name().map(|n| n.to_os_string()) else { return false };
     wal.push("-wal");
     let Ok(mut inotify) = Inotify::init() else { return false };
     if inotify
@@ -122,8 +121,9 @@ fn spawn_file_watch(
             let mut last = data_version(&conn);
             while !stop.load(Ordering::Relaxed) {
                 let Ok(events) = inotify.read_events_blocking(&mut buf) else { return };
-                let relevant =
-                    events.into_iter().any(|e| e.name.is_some_and(|n| n == wal || n == name));
+                // Every commit writes the WAL (the store is always in WAL mode); the main file is
+                // written only by checkpoints, which commit nothing.
+                let relevant = events.into_iter().any(|e| e.name.is_some_and(|n| n == wal));
                 if relevant && let Some(now) = readable_change(&conn, last) {
                     last = now;
                     on_change();
@@ -145,14 +145,13 @@ fn data_version(conn: &Connection) -> Option<i64> {
 /// After a write to the database's files: the new `data_version` once another connection's
 /// commit can be read, or `None` when none becomes readable within
 /// [`COMMIT_READABLE_WITHIN`]. SQLite writes a commit's frames to the WAL before it publishes
-/// them in the WAL's index, so a waiter called on the first write would read the database as it
-/// was and then hear nothing more (inotify folds the later writes into the event already read),
-/// until the poll's next tick. A write that is no commit (a checkpoint, the rest of a commit
-/// already seen) changes nothing readable, and calls no one.
+/// them in the WAL's index, which lives in shared memory that inotify does not see: a waiter
+/// called on the write could read the database as it was and hear nothing more until the poll's
+/// next tick. A write already seen (the rest of a commit that was called for) changes nothing
+/// readable, and calls no one.
 #[cfg(target_os = "linux")]
 fn readable_change(conn: &Connection, last: Option<i64>) -> Option<Option<i64>> {
     let deadline = std::time::Instant::now() + COMMIT_READABLE_WITHIN;
-    let mut pause = Duration::from_micros(100);
     loop {
         let now = data_version(conn);
         if now != last {
@@ -161,8 +160,7 @@ fn readable_change(conn: &Connection, last: Option<i64>) -> Option<Option<i64>> 
         if std::time::Instant::now() >= deadline {
             return None;
         }
-        std::thread::sleep(pause);
-        pause = (pause * 2).min(Duration::from_millis(2));
+        std::thread::sleep(Duration::from_micros(250));
     }
 }
 
