@@ -5,8 +5,10 @@
 //!   cargo test  --bench mcp       small run (50 calls): a smoke test
 //!
 //! Prints `bench=mcp.<server>.<transport> cold_start_ms=.. p50_ms=.. p99_ms=.. calls_per_s=..`
-//! (`http` answers with event streams, `http_json` with plain JSON as public mode does)
-//! and the ratio against FastMCP. The Python side runs when `.venv` has the `mcp` package
+//! (`http` answers with event streams, `http_json` with plain JSON as public mode does) and the
+//! ratio against FastMCP; and `bench=mcp.wait_for.other_process`: a worker in another process
+//! finishes a task → the `wait_for` call waiting on it answers (200 tasks; 10 in the small
+//! run; `-- wait_for` runs it alone). The Python side runs when `.venv` has the `mcp` package
 //! (`.ci/run` installs it); otherwise it is skipped with a line that says so.
 #![allow(clippy::unwrap_used)]
 
@@ -145,6 +147,66 @@ async fn sessions(home: &Path, n: usize) {
     let _ = child.kill().await;
 }
 
+/// `wait_for` over stdio to `taskbridge mcp --no-worker` while a worker in another process (this
+/// one, through its own connection to the database) finishes the task: the worker's `done`
+/// committed → the reply in the client's hands. The server hears of the commit only through
+/// the database watch, as it does of any worker that is not its own.
+async fn wake(n: usize) {
+    let dir = tempfile::tempdir().unwrap();
+    let home = queue::Home::at(dir.path().join("home")).unwrap();
+    home.ensure().unwrap();
+    let store = queue::Store::open(home.db_path()).unwrap();
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_taskbridge"));
+    cmd.args(["mcp", "--no-worker"])
+        .env("TASKBRIDGE_HOME", home.root())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true);
+    let mut child = cmd.spawn().unwrap();
+    let io = (child.stdout.take().unwrap(), child.stdin.take().unwrap());
+    let client = ().serve(io).await.unwrap();
+    let mut lat = Vec::with_capacity(n);
+    for i in 0..n {
+        let spec = queue::TaskSpec::new(
+            format!("wait {i}"),
+            "/tmp/repo",
+            "0123456789abcdef0123456789abcdef01234567",
+        );
+        let (task, _) = store.submit(spec).unwrap();
+        let args = serde_json::json!({"task_ids": [task.id.0], "timeout_s": 10});
+        let peer = client.peer().clone();
+        let waiting = tokio::spawn(async move {
+            let params = CallToolRequestParams::new("wait_for")
+                .with_arguments(args.as_object().cloned().unwrap());
+            let r = peer.call_tool(params).await.unwrap();
+            (Instant::now(), r)
+        });
+        // The call is in the server's hands, and has seen the task pending, well before this.
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let claim = store.claim_next("bench", "host", Duration::from_secs(60)).unwrap().unwrap();
+        assert_eq!(claim.task.id, task.id);
+        let done = queue::Outcome::Done { result: Box::default() };
+        store.finish(task.id, claim.token, done).unwrap();
+        let finished = Instant::now();
+        let (replied, r) = waiting.await.unwrap();
+        assert_ne!(r.is_error, Some(true), "{r:?}");
+        let reply = r.structured_content.unwrap();
+        assert_eq!(reply["done"], serde_json::json!([task.id.0]), "{reply}");
+        lat.push(replied.duration_since(finished).as_secs_f64() * 1000.0);
+    }
+    let _ = client.cancel().await;
+    let _ = child.kill().await;
+    lat.sort_by(f64::total_cmp);
+    let p = |q: f64| lat[((lat.len() - 1) as f64 * q).round() as usize];
+    println!(
+        "bench=mcp.wait_for.other_process n={n} p50_ms={:.2} p99_ms={:.2} max_ms={:.2}",
+        p(0.5),
+        p(0.99),
+        lat[lat.len() - 1]
+    );
+}
+
 fn print(name: &str, f: &Figures) {
     println!(
         "bench={name} cold_start_ms={:.1} p50_ms={:.3} p99_ms={:.3} calls_per_s={:.0}",
@@ -158,6 +220,11 @@ async fn main() {
     mcp::bridge::install_tls();
     let full = std::env::args().any(|a| a == "--bench");
     let n = if full { 2000 } else { 50 };
+    // `cargo bench --bench mcp -- wait_for`: only the wake-up of a waiting call.
+    let wait_for_only = std::env::args().any(|a| a == "wait_for");
+    if wait_for_only {
+        return wake(if full { 200 } else { 10 }).await;
+    }
     let dir = tempfile::tempdir().unwrap();
     let home = queue::Home::at(dir.path().join("home")).unwrap();
     home.ensure().unwrap();
@@ -180,6 +247,7 @@ async fn main() {
     let rust_http_json = http(home.root(), n, true).await;
     print("mcp.taskbridge.http_json", &rust_http_json);
     sessions(home.root(), if full { 5000 } else { 300 }).await;
+    wake(if full { 200 } else { 10 }).await;
 
     let py = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/fastmcp_server.py");

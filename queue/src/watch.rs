@@ -2,11 +2,11 @@
 //!
 //! The database is the only channel between TaskBridge processes, so a worker must learn quickly
 //! that another process submitted a task. On SQLite, two layers: on Linux an inotify watch on
-//! the database's directory wakes when the `-wal` file is written and calls back once `PRAGMA
-//! data_version` shows the commit readable, typically well under a millisecond after it; and a
-//! `PRAGMA data_version` poll on a connection of its own catches anything the edge signal missed
-//! (and is the only layer elsewhere). On
-//! PostgreSQL, LISTEN on the schema's channel with a ping and a poll (see `crate::pg::watch`).
+//! the database's directory wakes when the `-wal` file is written, then follows `PRAGMA
+//! data_version` on a connection of its own and calls back within half a millisecond of each
+//! commit becoming readable, until the writes stop; and a `PRAGMA data_version` poll catches
+//! anything the edge signal missed (and is the only layer elsewhere). On PostgreSQL, LISTEN on
+//! the schema's channel with a ping and a poll (see `crate::pg::watch`).
 
 use crate::error::Result;
 use rusqlite::Connection;
@@ -123,45 +123,44 @@ fn spawn_file_watch(
                 let Ok(events) = inotify.read_events_blocking(&mut buf) else { return };
                 // Every commit writes the WAL (the store is always in WAL mode); the main file is
                 // written only by checkpoints, which commit nothing.
-                let relevant = events.into_iter().any(|e| e.name.is_some_and(|n| n == wal));
-                if relevant && let Some(now) = readable_change(&conn, last) {
-                    last = now;
-                    on_change();
+                if events.into_iter().any(|e| e.name.is_some_and(|n| n == wal)) {
+                    follow_commits(&conn, &mut last, &*on_change);
                 }
             }
         })
         .is_ok()
 }
 
-/// How long a write to the WAL is given to become a commit another connection can read.
+/// How long the watch goes on looking for commits after the last one it saw (or the write that
+/// woke it): longer than an fsync'd commit takes to become readable on a busy disk.
 #[cfg(target_os = "linux")]
-const COMMIT_READABLE_WITHIN: Duration = Duration::from_millis(20);
+const QUIET: Duration = Duration::from_millis(100);
+
+/// After a write to the WAL: calls `on_change` for each commit another connection can read,
+/// until none has come for [`QUIET`]. SQLite writes a commit's frames to the WAL (and fsyncs
+/// them) before it publishes them in the WAL's index, which lives in shared memory that inotify
+/// does not see: a waiter called on the write itself would read the database as it was and hear
+/// nothing more until the poll's next tick. `PRAGMA data_version` changes once the commit can be
+/// read.
+#[cfg(target_os = "linux")]
+fn follow_commits(conn: &Connection, last: &mut Option<i64>, on_change: &(dyn Fn() + Send + Sync)) {
+    let mut since = std::time::Instant::now();
+    loop {
+        let now = data_version(conn);
+        if now != *last {
+            *last = now;
+            on_change();
+            since = std::time::Instant::now();
+        } else if since.elapsed() >= QUIET {
+            return;
+        }
+        std::thread::sleep(Duration::from_micros(500));
+    }
+}
 
 /// `PRAGMA data_version` of `conn`: it changes when another connection commits.
 fn data_version(conn: &Connection) -> Option<i64> {
     conn.query_row("PRAGMA data_version", [], |r| r.get(0)).ok()
-}
-
-/// After a write to the database's files: the new `data_version` once another connection's
-/// commit can be read, or `None` when none becomes readable within
-/// [`COMMIT_READABLE_WITHIN`]. SQLite writes a commit's frames to the WAL before it publishes
-/// them in the WAL's index, which lives in shared memory that inotify does not see: a waiter
-/// called on the write could read the database as it was and hear nothing more until the poll's
-/// next tick. A write already seen (the rest of a commit that was called for) changes nothing
-/// readable, and calls no one.
-#[cfg(target_os = "linux")]
-fn readable_change(conn: &Connection, last: Option<i64>) -> Option<Option<i64>> {
-    let deadline = std::time::Instant::now() + COMMIT_READABLE_WITHIN;
-    loop {
-        let now = data_version(conn);
-        if now != last {
-            return Some(now);
-        }
-        if std::time::Instant::now() >= deadline {
-            return None;
-        }
-        std::thread::sleep(Duration::from_micros(250));
-    }
 }
 
 #[cfg(not(target_os = "linux"))]
