@@ -3,7 +3,7 @@
 //! The database is the only channel between TaskBridge processes, so a worker must learn quickly
 //! that another process submitted a task. On SQLite, two layers: on Linux an inotify watch on
 //! the database's directory wakes when the `-wal` file is written, then follows `PRAGMA
-//! data_version` on a connection of its own and calls back within half a millisecond of each
+//! data_version` on a connection of its own and calls back within a millisecond of each
 //! commit becoming readable, until the writes stop; and a `PRAGMA data_version` poll catches
 //! anything the edge signal missed (and is the only layer elsewhere). On PostgreSQL, LISTEN on
 //! the schema's channel with a ping and a poll (see `crate::pg::watch`).
@@ -154,13 +154,13 @@ fn follow_commits(conn: &Connection, last: &mut Option<i64>, on_change: &(dyn Fn
         } else if since.elapsed() >= QUIET {
             return;
         }
-        std::thread::sleep(Duration::from_micros(500));
+        std::thread::sleep(Duration::from_millis(1));
     }
 }
 
 /// `PRAGMA data_version` of `conn`: it changes when another connection commits.
 fn data_version(conn: &Connection) -> Option<i64> {
-    conn.query_row("PRAGMA data_version", [], |r| r.get(0)).ok()
+    conn.prepare_cached("PRAGMA data_version").ok()?.query_row([], |r| r.get(0)).ok()
 }
 
 #[cfg(not(target_os = "linux"))]
