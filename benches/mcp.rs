@@ -13,7 +13,7 @@
 #![allow(clippy::unwrap_used)]
 
 use rmcp::ServiceExt;
-use rmcp::model::CallToolRequestParams;
+use rmcp::model::{CallToolRequestParams, NumberOrString, ProgressToken, RequestParamsMeta};
 use rmcp::service::{RoleClient, RunningService};
 use std::path::Path;
 use std::process::Stdio;
@@ -147,10 +147,25 @@ async fn sessions(home: &Path, n: usize) {
     let _ = child.kill().await;
 }
 
+/// A client that hands on each progress line it hears.
+#[derive(Clone)]
+struct Heard(tokio::sync::mpsc::UnboundedSender<String>);
+
+impl rmcp::ClientHandler for Heard {
+    async fn on_progress(
+        &self,
+        params: rmcp::model::ProgressNotificationParam,
+        _: rmcp::service::NotificationContext<RoleClient>,
+    ) {
+        let _ = self.0.send(params.message.unwrap_or_default());
+    }
+}
+
 /// `wait_for` over stdio to `taskbridge mcp --no-worker` while a worker in another process (this
 /// one, through its own connection to the database) finishes the task: the worker's `done`
 /// committed → the reply in the client's hands. The server hears of the commit only through
-/// the database watch, as it does of any worker that is not its own.
+/// the database watch, as it does of any worker that is not its own. The call carries a progress
+/// token, so the server says when it has read the task queued and begins to wait.
 async fn wake(n: usize) {
     let dir = tempfile::tempdir().unwrap();
     let home = queue::Home::at(dir.path().join("home")).unwrap();
@@ -165,7 +180,8 @@ async fn wake(n: usize) {
         .kill_on_drop(true);
     let mut child = cmd.spawn().unwrap();
     let io = (child.stdout.take().unwrap(), child.stdin.take().unwrap());
-    let client = ().serve(io).await.unwrap();
+    let (tx, mut heard) = tokio::sync::mpsc::unbounded_channel();
+    let client = Heard(tx).serve(io).await.unwrap();
     let mut lat = Vec::with_capacity(n);
     for i in 0..n {
         let spec = queue::TaskSpec::new(
@@ -175,15 +191,22 @@ async fn wake(n: usize) {
         );
         let (task, _) = store.submit(spec).unwrap();
         let args = serde_json::json!({"task_ids": [task.id.0], "timeout_s": 10});
+        let mut params = CallToolRequestParams::new("wait_for")
+            .with_arguments(args.as_object().cloned().unwrap());
+        params.set_progress_token(ProgressToken(NumberOrString::Number(task.id.0)));
         let peer = client.peer().clone();
         let waiting = tokio::spawn(async move {
-            let params = CallToolRequestParams::new("wait_for")
-                .with_arguments(args.as_object().cloned().unwrap());
             let r = peer.call_tool(params).await.unwrap();
             (Instant::now(), r)
         });
-        // The call is in the server's hands, and has seen the task pending, well before this.
-        tokio::time::sleep(Duration::from_millis(30)).await;
+        // The call reports the task queued just before it waits; only then does it finish (the
+        // last round's lines may come first).
+        let queued = format!("task {} queued", task.id.0);
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while heard.recv().await.unwrap() != queued {}
+        })
+        .await
+        .expect("the wait_for call never reported its task queued");
         let claim = store.claim_next("bench", "host", Duration::from_secs(60)).unwrap().unwrap();
         assert_eq!(claim.task.id, task.id);
         let done = queue::Outcome::Done { result: Box::default() };
