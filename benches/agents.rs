@@ -29,6 +29,11 @@
 //! `-- floor pause=MS` waits MS milliseconds before each task on every side alike (the time a
 //! submitter takes to read one result before it sends the next task), where by default the next
 //! task follows the last one's end at once.
+//!
+//! `-- after_turn` runs only OpenCode alone, in TaskBridge's pattern against the streaming mock,
+//! with each prompt held a given time after the last turn went idle (0 to 500 ms):
+//! `bench=agent.opencode.after_turn hold_ms=.. first_request_p50_ms=..`, the prompt → the
+//! model's first request. It shows how much a prompt pays for coming right after a turn.
 #![allow(clippy::unwrap_used, dead_code)]
 
 mod common;
@@ -361,6 +366,22 @@ impl Bare {
         Bare { _dir: dir, repo, port, auth: basic("opencode:bench"), child }
     }
 
+    /// A new session in the bare server's directory.
+    fn session(&self) -> String {
+        let created = self.call("POST", "/session", &serde_json::json!({"title": "bench"}));
+        let created: serde_json::Value = serde_json::from_str(&created).unwrap();
+        created["id"].as_str().unwrap().to_owned()
+    }
+
+    /// Sends task `i`'s one-line prompt to `session`.
+    fn prompt(&self, session: &str, i: usize) {
+        let prompt = serde_json::json!({
+            "parts": [{"type": "text", "text": format!("Say done ({i}).")}],
+            "model": {"providerID": "anthropic", "modelID": "claude-sonnet-4-5"},
+        });
+        self.call("POST", &format!("/session/{session}/prompt_async"), &prompt);
+    }
+
     fn query(&self) -> String {
         format!("directory={}", self.repo.display()).replace(' ', "%20")
     }
@@ -460,28 +481,14 @@ fn measure_bare_thinking(n: usize, mode: BareMode, thinking_ms: u64) -> Figures 
     let bare = Bare::start(&mock, mode != BareMode::Default);
     let idles = bare.idles();
     let mut figures = Figures { first_request: Vec::new(), done: Vec::new(), after: Vec::new() };
-    let create = || {
-        let created = bare.call("POST", "/session", &serde_json::json!({"title": "bench"}));
-        let created: serde_json::Value = serde_json::from_str(&created).unwrap();
-        created["id"].as_str().unwrap().to_owned()
-    };
     for i in 0..=n {
         pause();
         let before = mock.arrivals().len();
-        let ahead = (mode == BareMode::HeadlessAhead).then(create);
+        let ahead = (mode == BareMode::HeadlessAhead).then(|| bare.session());
         let t0 = Instant::now();
-        let session = ahead.unwrap_or_else(create);
-        let prompt = serde_json::json!({
-            "parts": [{"type": "text", "text": format!("Say done ({i}).")}],
-            "model": {"providerID": "anthropic", "modelID": "claude-sonnet-4-5"},
-        });
-        bare.call("POST", &format!("/session/{session}/prompt_async"), &prompt);
-        let end = loop {
-            let (s, at) = idles.recv_timeout(Duration::from_secs(120)).expect("never idle");
-            if s == session {
-                break at;
-            }
-        };
+        let session = ahead.unwrap_or_else(|| bare.session());
+        bare.prompt(&session, i);
+        let end = idle(&idles, &session);
         if i > 0 {
             figures.record(t0, end, mock.arrivals()[before], *mock.answered().last().unwrap());
         }
@@ -492,6 +499,57 @@ fn measure_bare_thinking(n: usize, mode: BareMode, thinking_ms: u64) -> Figures 
         BareMode::HeadlessAhead => "opencode.bare_headless_ahead",
     };
     figures.print(&labelled(label, thinking_ms), n);
+    figures
+}
+
+/// When the session a prompt went to goes idle, as the bare server's event stream said.
+fn idle(idles: &std::sync::mpsc::Receiver<(String, Instant)>, session: &str) -> Instant {
+    loop {
+        let (s, at) = idles.recv_timeout(Duration::from_secs(120)).expect("never idle");
+        if s == session {
+            return at;
+        }
+    }
+}
+
+/// How long after a turn each prompt is held in `-- after_turn`.
+const HOLDS_MS: [u64; 8] = [0, 10, 20, 40, 60, 80, 160, 500];
+
+/// OpenCode alone in TaskBridge's pattern: TaskBridge's configuration, the streaming mock, each
+/// next session made while the model thinks (as TaskBridge makes it once the model has been
+/// asked), and each prompt sent `hold` after the bench saw the last turn go idle. The prompt →
+/// the model's first request, by how soon after a turn the prompt comes: OpenCode's collector
+/// is still busy with the last turn for some tens of milliseconds after it (docs/BENCHMARKS.md,
+/// "How soon after a turn a prompt comes").
+fn measure_after_turn(n: usize, hold: Duration) -> Figures {
+    let mock = MockAnthropic::spawn((0..=n).map(|_| answer(THINKING_MS)).collect());
+    let bare = Bare::start(&mock, true);
+    let idles = bare.idles();
+    let mut figures = Figures { first_request: Vec::new(), done: Vec::new(), after: Vec::new() };
+    let mut next = bare.session();
+    let mut last_idle: Option<Instant> = None;
+    for i in 0..=n {
+        if let Some(at) = last_idle {
+            std::thread::sleep((at + hold).saturating_duration_since(Instant::now()));
+        }
+        let before = mock.arrivals().len();
+        let t0 = Instant::now();
+        let session = std::mem::take(&mut next);
+        bare.prompt(&session, i);
+        // Halfway through the model's thinking: asked by then, and still far from its answer.
+        std::thread::sleep(Duration::from_millis(THINKING_MS / 2));
+        next = bare.session();
+        let end = idle(&idles, &session);
+        last_idle = Some(end);
+        if i > 0 {
+            figures.record(t0, end, mock.arrivals()[before], *mock.answered().last().unwrap());
+        }
+    }
+    println!(
+        "bench=agent.opencode.after_turn hold_ms={} n={n} first_request_p50_ms={:.0}",
+        hold.as_millis(),
+        p50(&figures.first_request)
+    );
     figures
 }
 
@@ -540,6 +598,14 @@ fn main() {
     let n = if full { 20 } else { 3 };
     // `cargo bench --bench agents -- floor`: only the warm server and the bare one beside it.
     let floor_only = std::env::args().any(|a| a == "floor");
+    // `cargo bench --bench agents -- after_turn`: only OpenCode alone, by how soon after a turn
+    // each prompt comes.
+    if std::env::args().any(|a| a == "after_turn") {
+        for ms in HOLDS_MS {
+            measure_after_turn(n, Duration::from_millis(ms));
+        }
+        return;
+    }
     let pause_ms = std::env::args().find_map(|a| {
         let ms = a.strip_prefix("pause=")?;
         Some(ms.parse::<u64>().unwrap_or_else(|_| panic!("pause={ms}: give whole milliseconds")))
