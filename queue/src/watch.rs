@@ -19,8 +19,8 @@ use std::time::Duration;
 const POLL_WITH_WATCH: Duration = Duration::from_millis(250);
 const POLL_WITHOUT_WATCH: Duration = Duration::from_millis(20);
 
-/// Calls a callback soon after any process commits to the database. Dropping it stops the poll;
-/// the watch thread ends at its next event.
+/// Calls a callback soon after any process commits to the database. Once it is dropped nothing
+/// is called: the poll's thread ends at its next tick, the file watch's at its next event.
 pub struct ChangeWatcher {
     stop: Arc<AtomicBool>,
 }
@@ -72,8 +72,12 @@ impl ChangeWatcher {
             .name("taskbridge-db-poll".into())
             .spawn(move || {
                 let mut last = data_version(&conn);
-                while !poll_stop.load(Ordering::Relaxed) {
+                loop {
                     std::thread::sleep(interval);
+                    // Looked at after the sleep, so a watcher dropped meanwhile calls nobody.
+                    if poll_stop.load(Ordering::Relaxed) {
+                        return;
+                    }
                     let now = data_version(&conn);
                     if now != last {
                         last = now;
@@ -106,11 +110,8 @@ fn spawn_file_watch(
     let Some(mut wal) = db_path.file_name().map(|n| n.to_os_string()) else { return false };
     wal.push("-wal");
     let Ok(mut inotify) = Inotify::init() else { return false };
-    if inotify
-        .watches()
-        .add(&dir, WatchMask::MODIFY | WatchMask::CREATE | WatchMask::MOVED_TO)
-        .is_err()
-    {
+    // Every commit writes the WAL: its creation, or a move into its place, commits nothing.
+    if inotify.watches().add(&dir, WatchMask::MODIFY).is_err() {
         return false;
     }
     let Ok(conn) = Connection::open(db_path) else { return false };
@@ -119,12 +120,16 @@ fn spawn_file_watch(
         .spawn(move || {
             let mut buf = [0u8; 4096];
             let mut last = data_version(&conn);
-            while !stop.load(Ordering::Relaxed) {
+            loop {
                 let Ok(events) = inotify.read_events_blocking(&mut buf) else { return };
+                // A watcher dropped while this waited calls nobody: the thread ends here.
+                if stop.load(Ordering::Relaxed) {
+                    return;
+                }
                 // Every commit writes the WAL (the store is always in WAL mode); the main file is
                 // written only by checkpoints, which commit nothing.
                 if events.into_iter().any(|e| e.name.is_some_and(|n| n == wal)) {
-                    follow_commits(&conn, &mut last, &*on_change);
+                    follow_commits(&conn, &mut last, &stop, &*on_change);
                 }
             }
         })
@@ -137,15 +142,20 @@ fn spawn_file_watch(
 const QUIET: Duration = Duration::from_millis(100);
 
 /// After a write to the WAL: calls `on_change` for each commit another connection can read,
-/// until none has come for [`QUIET`]. SQLite writes a commit's frames to the WAL (and fsyncs
-/// them) before it publishes them in the WAL's index, which lives in shared memory that inotify
-/// does not see: a waiter called on the write itself would read the database as it was and hear
-/// nothing more until the poll's next tick. `PRAGMA data_version` changes once the commit can be
-/// read.
+/// until none has come for [`QUIET`] or the watcher is dropped. SQLite writes a commit's frames
+/// to the WAL (and fsyncs them) before it publishes them in the WAL's index, which lives in
+/// shared memory that inotify does not see: a waiter called on the write itself would read the
+/// database as it was and hear nothing more until the poll's next tick. `PRAGMA data_version`
+/// changes once the commit can be read.
 #[cfg(target_os = "linux")]
-fn follow_commits(conn: &Connection, last: &mut Option<i64>, on_change: &(dyn Fn() + Send + Sync)) {
+fn follow_commits(
+    conn: &Connection,
+    last: &mut Option<i64>,
+    stop: &AtomicBool,
+    on_change: &(dyn Fn() + Send + Sync),
+) {
     let mut since = std::time::Instant::now();
-    loop {
+    while !stop.load(Ordering::Relaxed) {
         let now = data_version(conn);
         if now != *last {
             *last = now;
@@ -163,7 +173,10 @@ fn data_version(conn: &Connection) -> Option<i64> {
     conn.prepare_cached("PRAGMA data_version").ok()?.query_row([], |r| r.get(0)).ok()
 }
 
+/// Elsewhere there is no file watch: the poll alone, every [`POLL_WITHOUT_WATCH`].
 #[cfg(not(target_os = "linux"))]
-fn spawn_file_watch(_: &Path, _: Arc<AtomicBool>, _: Arc<dyn Fn() + Send + Sync>) -> bool {
+fn no_file_watch(_: &Path, _: Arc<AtomicBool>, _: Arc<dyn Fn() + Send + Sync>) -> bool {
     false
 }
+#[cfg(not(target_os = "linux"))]
+use no_file_watch as spawn_file_watch;

@@ -833,6 +833,43 @@ fn sqlite_the_file_watch_calls_back_once_the_commit_can_be_read() {
     writing.join().unwrap();
 }
 
+#[test]
+fn sqlite_the_file_watch_alone_where_it_cannot_watch_is_an_error_not_silence() {
+    // Asked for the file watch without the poll, a watcher that cannot set the watch up (here:
+    // the database's directory does not exist) must say so, not hand back a watcher that will
+    // never call.
+    let dir = tempfile::tempdir().unwrap();
+    let gone = dir.path().join("gone").join("queue.db");
+    let err = ChangeWatcher::with_layers(&gone, true, false, || {}).err().expect("an error");
+    assert!(err.to_string().contains("no file watch here; use the poll"), "{err}");
+}
+
+#[test]
+fn sqlite_a_dropped_watch_calls_nobody() {
+    // Each layer alone: heard while it watches, and once dropped a commit made after calls
+    // nobody. A watch that went on would keep its thread and its connection for the life of the
+    // process (the worker drops one each time it stops).
+    for (file_watch, poll) in [(true, false), (false, true)] {
+        let (d, store) = open(Backend::Sqlite);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let watch =
+            ChangeWatcher::with_layers(store.path().unwrap(), file_watch, poll, move || {
+                let _ = tx.send(());
+            })
+            .unwrap();
+        let writer = d.open();
+        writer.submit(spec("while watched")).unwrap();
+        rx.recv_timeout(Duration::from_secs(5))
+            .unwrap_or_else(|_| panic!("not heard while watched (file watch {file_watch})"));
+        drop(watch);
+        // The file watch is still following the first commit: dropped, it stops following too.
+        std::thread::sleep(Duration::from_millis(50));
+        writer.submit(spec("after the drop")).unwrap();
+        let late = rx.recv_timeout(Duration::from_millis(500));
+        assert!(late.is_err(), "called after being dropped (file watch {file_watch})");
+    }
+}
+
 /// A child process of its test: see `support::child`.
 fn submit_once(db: &str) {
     let store = Store::connect(&Location::parse(db).unwrap()).unwrap();
