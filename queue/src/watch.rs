@@ -19,8 +19,9 @@ use std::time::Duration;
 const POLL_WITH_WATCH: Duration = Duration::from_millis(250);
 const POLL_WITHOUT_WATCH: Duration = Duration::from_millis(20);
 
-/// Calls a callback soon after any process commits to the database. Once it is dropped nothing
-/// is called: the poll's thread ends at its next tick, the file watch's at its next event.
+/// Calls a callback soon after any process commits to the database. Dropped, it stops calling
+/// as soon as its threads look (the poll at its next tick, the file watch within a millisecond
+/// while it follows commits, else at its next event), and they end.
 pub struct ChangeWatcher {
     stop: Arc<AtomicBool>,
 }
