@@ -41,8 +41,12 @@ async fn measure(client: &RunningService<RoleClient, ()>, n: usize) -> (f64, f64
     }
     let per_s = n as f64 / start.elapsed().as_secs_f64();
     lat.sort_by(f64::total_cmp);
-    let p = |q: f64| lat[((lat.len() - 1) as f64 * q).round() as usize];
-    (p(0.5), p(0.99), per_s)
+    (quantile(&lat, 0.5), quantile(&lat, 0.99), per_s)
+}
+
+/// The `q` quantile (0 to 1) of latencies sorted in increasing order.
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
 }
 
 async fn stdio(program: &Path, args: &[&str], envs: &[(&str, &Path)], n: usize) -> Figures {
@@ -221,12 +225,11 @@ async fn wake(n: usize) {
     let _ = client.cancel().await;
     let _ = child.kill().await;
     lat.sort_by(f64::total_cmp);
-    let p = |q: f64| lat[((lat.len() - 1) as f64 * q).round() as usize];
     println!(
         "bench=mcp.wait_for.other_process n={n} p50_ms={:.2} p99_ms={:.2} max_ms={:.2}",
-        p(0.5),
-        p(0.99),
-        lat[lat.len() - 1]
+        quantile(&lat, 0.5),
+        quantile(&lat, 0.99),
+        quantile(&lat, 1.0)
     );
 }
 

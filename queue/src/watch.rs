@@ -44,7 +44,7 @@ impl ChangeWatcher {
     }
 
     /// Only the layers asked for, so that each can be tested alone. Asking for the file watch
-    /// alone where the platform has none is an error.
+    /// alone where the platform has none, or where it cannot be set up, is an error.
     pub fn with_layers(
         db_path: &Path,
         file_watch: bool,
