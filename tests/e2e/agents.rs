@@ -7,6 +7,8 @@ use crate::support::mock_anthropic::{MockAnthropic, Turn};
 use crate::support::mock_openai::{MockOpenAi, Reply};
 use crate::support::*;
 use serde_json::{Value, json};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 const RUN: Duration = Duration::from_secs(120);
@@ -718,4 +720,71 @@ fn a_no_network_codex_task_has_no_network_even_when_codexs_config_allows_it() {
     }
     assert_eq!(seen, ["reached", "blocked"], "{}\n{}", env.log(open), env.log(closed));
     drop(listener);
+}
+
+/// The diagnostic in docs/BENCHMARKS.md ("On a Bun without the collection nudge"): the pinned
+/// OpenCode, run on the Bun `.ci/run` installs beside it, is the same OpenCode, and its server
+/// runs on that Bun.
+#[test]
+fn opencode_on_another_bun_runs_the_same_opencode_on_it() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let exe = opencode();
+    let bun = root.join(".tools/bun/node_modules/bun/bin/bun.exe");
+    assert!(bun.exists(), "no Bun at {}: run .ci/run, which installs it", bun.display());
+    let script = root.join("benches/opencode_on_bun.py");
+    let dir = tempfile::tempdir().unwrap();
+    // A home of its own: OpenCode must not read or write the user's.
+    let isolated = |program: &Path| {
+        let mut cmd = Command::new(program);
+        cmd.env("HOME", dir.path())
+            .env("XDG_CONFIG_HOME", dir.path().join(".config"))
+            .env("XDG_DATA_HOME", dir.path().join(".local/share"))
+            .env("XDG_CACHE_HOME", dir.path().join(".cache"))
+            .env("XDG_STATE_HOME", dir.path().join(".local/state"))
+            .env("OPENCODE_DISABLE_AUTOUPDATE", "1")
+            .env("OPENCODE_DISABLE_MODELS_FETCH", "1")
+            .stdin(Stdio::null());
+        cmd
+    };
+    let text = |b: Vec<u8>| String::from_utf8(b).unwrap();
+
+    let out = dir.path().join("out");
+    let made = Command::new("python3").arg(&script).arg(&bun).arg(&out).output().unwrap();
+    assert!(made.status.success(), "{}", text(made.stderr));
+    let launcher = out.join("opencode");
+    let through = isolated(&launcher).arg("--version").output().unwrap();
+    assert!(through.status.success(), "{}", text(through.stderr));
+    let plain = isolated(&exe).arg("--version").output().unwrap();
+    assert_eq!(text(through.stdout), text(plain.stdout));
+
+    // Its server, on the Bun given.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut server = isolated(&launcher)
+        .args(["serve", "--port", &port.to_string(), "--hostname", "127.0.0.1"])
+        .env("OPENCODE_SERVER_PASSWORD", "test")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let listening = eventually(Duration::from_secs(60), || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    // The launcher has replaced itself with the Bun it runs on by now.
+    let ran = std::fs::read_link(format!("/proc/{}/exe", server.id()));
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(listening, "OpenCode on {} never listened", bun.display());
+    assert_eq!(ran.unwrap(), bun.canonicalize().unwrap());
+
+    // A file that is no Bun executable is refused, saying so.
+    let refused = Command::new("python3")
+        .arg(&script)
+        .arg(&bun)
+        .arg(dir.path().join("again"))
+        .arg(&script)
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    let said = text(refused.stderr);
+    assert!(said.contains("not a Bun executable (no module graph)"), "{said}");
 }
