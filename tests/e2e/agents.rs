@@ -728,12 +728,13 @@ fn a_no_network_codex_task_has_no_network_even_when_codexs_config_allows_it() {
 #[test]
 fn opencode_on_another_bun_runs_the_same_opencode_on_it() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let exe = opencode();
+    // The script's own default, the OpenCode `.ci/run` pins (not `TASKBRIDGE_TEST_OPENCODE`).
+    let exe = root.join(".tools/node_modules/opencode-ai/bin/opencode.exe");
     let bun = root.join(".tools/bun/node_modules/bun/bin/bun.exe");
     assert!(bun.exists(), "no Bun at {}: run .ci/run, which installs it", bun.display());
     let script = root.join("benches/opencode_on_bun.py");
     let dir = tempfile::tempdir().unwrap();
-    // A home of its own: OpenCode must not read or write the user's.
+    // A home of its own (OpenCode must not read or write the user's), and nothing fetched.
     let isolated = |program: &Path| {
         let mut cmd = Command::new(program);
         cmd.env("HOME", dir.path())
@@ -743,6 +744,8 @@ fn opencode_on_another_bun_runs_the_same_opencode_on_it() {
             .env("XDG_STATE_HOME", dir.path().join(".local/state"))
             .env("OPENCODE_DISABLE_AUTOUPDATE", "1")
             .env("OPENCODE_DISABLE_MODELS_FETCH", "1")
+            .env("NPM_CONFIG_REGISTRY", "http://127.0.0.1:9/")
+            .env("npm_config_fetch_retries", "0")
             .stdin(Stdio::null());
         cmd
     };
@@ -762,7 +765,7 @@ fn opencode_on_another_bun_runs_the_same_opencode_on_it() {
     let mut server = isolated(&launcher)
         .args(["serve", "--port", &port.to_string(), "--hostname", "127.0.0.1"])
         .env("OPENCODE_SERVER_PASSWORD", "test")
-        .stdout(Stdio::piped())
+        .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
