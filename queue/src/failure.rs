@@ -42,10 +42,13 @@ pub enum FailureKind {
     Rejected,
     /// An error of the worker itself.
     Worker,
+    /// The agent changed git metadata TaskBridge relies on (its worktree's `.git`, admin
+    /// directory or HEAD); nothing was read or written through it.
+    Tampered,
 }
 
 impl FailureKind {
-    pub const ALL: [FailureKind; 16] = [
+    pub const ALL: [FailureKind; 17] = [
         FailureKind::Auth,
         FailureKind::Model,
         FailureKind::Connection,
@@ -62,6 +65,7 @@ impl FailureKind {
         FailureKind::Push,
         FailureKind::Rejected,
         FailureKind::Worker,
+        FailureKind::Tampered,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -82,6 +86,7 @@ impl FailureKind {
             FailureKind::Push => "push",
             FailureKind::Rejected => "rejected",
             FailureKind::Worker => "worker",
+            FailureKind::Tampered => "tampered",
         }
     }
 

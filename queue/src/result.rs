@@ -46,6 +46,11 @@ pub struct TaskResult {
     /// could not.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub agent: Option<AgentReport>,
+    /// What the agent changed of the git metadata TaskBridge relies on (its worktree's `.git`,
+    /// admin directory or HEAD), when it did: the task fails, and nothing was read or written
+    /// through it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tampered: Option<String>,
 }
 
 impl TaskResult {

@@ -27,6 +27,7 @@ mod plans;
 mod public;
 mod sandbox;
 mod serve_native;
+mod tamper;
 mod trust;
 mod tui_tmux;
 mod worker_e2e;

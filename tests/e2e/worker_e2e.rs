@@ -300,8 +300,12 @@ fn in_serve_mode_a_cancel_mid_tool_stops_the_command_and_the_server_serves_on() 
 
 fn cancel_scenario(mode: &str) {
     let env = Env::new();
+    // The warm-up also leaves a command running that detaches from everything (a session of
+    // its own, its parent gone at once) and ignores SIGTERM.
+    let detach = "setsid bash -c 'trap \"\" TERM; echo $$ > detached.pid; exec sleep 1000' \
+                  >/dev/null 2>&1 </dev/null & echo warming up";
     let mock = MockAnthropic::spawn(vec![
-        Turn::bash("echo warming up"),
+        Turn::bash(detach),
         sleeper("pgid.txt"),
         Turn::text("Next task done."),
     ]);
@@ -310,6 +314,8 @@ fn cancel_scenario(mode: &str) {
     let _worker = env.start_worker_with(1, &["--opencode", mode]);
     let pgid = read_pgid(&env.worktree(id).join("pgid.txt"));
     assert!(group_alive(pgid));
+    let detached = read_pid(&env.worktree(id).join("detached.pid"));
+    assert!(pid_alive(detached), "the detached command runs");
     if mode == "serve" {
         // The server says when a tool starts: the command shows in the log while it runs.
         let running = |t: &str| t.contains("tool bash: ps -o pgid=") && t.contains("(running)");
@@ -332,6 +338,11 @@ fn cancel_scenario(mode: &str) {
     assert!(
         eventually(Duration::from_secs(30), || !group_alive(pgid)),
         "no process of the group survives 5 s"
+    );
+    assert!(
+        // A zombie (killed, not yet reaped by the server that adopted it) is gone too.
+        eventually(Duration::from_secs(30), || !worker::process::pid_alive(detached.into())),
+        "the detached command that ignored SIGTERM does not survive the cancel"
     );
     assert!(env.worktree(id).exists(), "the worktree is kept");
     assert_eq!(t["cancel_requested"], false);

@@ -321,16 +321,17 @@ impl Effects {
                 tokio::task::spawn_blocking(move || {
                     let Ok(t) = store.get(TaskId(id)) else { return };
                     // A live task's diff comes from its worktree; a finished one's from its result.
-                    let live = t
-                        .worktree
-                        .as_deref()
-                        .filter(|w| !t.status.is_terminal() && std::path::Path::new(w).exists());
+                    let live = t.worktree.as_deref().zip(t.branch.as_deref()).filter(|(w, _)| {
+                        !t.status.is_terminal() && std::path::Path::new(w).exists()
+                    });
                     let text = match live {
-                        Some(wt) => {
+                        Some((wt, branch)) => {
                             // Its own work: against where it started (a stacked task's
                             // dependencies' work).
                             let from = t.started_from.as_deref().unwrap_or(&t.base);
-                            worker::diff_against_base(std::path::Path::new(wt), from)
+                            let (repo, wt) =
+                                (std::path::Path::new(&t.repo), std::path::Path::new(wt));
+                            worker::diff_against_base(repo, wt, branch, from)
                                 .map(|d| d.patch)
                                 .unwrap_or_default()
                         }

@@ -27,12 +27,17 @@ pub fn clear_finished(
             let wt = Path::new(wt);
             // A done task's directory may since have been taken by another task (a worker in
             // serve mode reuses it): it is this task's only while it is on this task's branch.
-            if wt.exists() && task.branch.is_some() && git::head_branch(wt) == task.branch {
+            let repo = Path::new(&task.repo);
+            let on_branch = task
+                .branch
+                .as_ref()
+                .filter(|b| wt.exists() && git::head_branch(repo, wt).as_ref() == Some(b));
+            if let Some(branch) = on_branch {
                 let msg = format!(
                     "taskbridge: task {} (work left in the worktree when it was cleared)",
                     task.id.0
                 );
-                match git::commit_all(wt, &msg) {
+                match git::commit_all(repo, wt, branch, &msg) {
                     Ok(_) => {
                         if let Err(e) = git::remove_worktree(Path::new(&task.repo), wt) {
                             tracing::warn!(task = %task.id, error = %e, "removing the worktree failed");

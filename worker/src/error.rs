@@ -8,6 +8,10 @@ pub enum Error {
     Git(#[from] git2::Error),
     #[error("{0}")]
     Repo(String),
+    /// The agent changed git metadata TaskBridge relies on (a worktree's `.git`, its admin
+    /// directory, its HEAD): what changed. TaskBridge read and wrote nothing through it.
+    #[error("tampered: {0}")]
+    Tampered(String),
     #[error("{context}: {source}")]
     Io { context: String, source: std::io::Error },
     #[error("{0}")]

@@ -207,15 +207,15 @@ impl Worker {
 
     /// Keeps a done task's worktree as a spare (at most one per slot and repository); false
     /// when it should be removed instead.
-    pub(crate) async fn keep_spare(&self, repo: &str, dir: &Path) -> bool {
+    pub(crate) async fn keep_spare(&self, repo: &str, dir: &Path, branch: &str) -> bool {
         let full = self.spares.lock().map_or(true, |s| {
             s.iter().filter(|s| s.repo == repo).count() >= self.cfg.concurrency.max(1)
         });
         if full {
             return false;
         }
-        let d = dir.to_path_buf();
-        match tokio::task::spawn_blocking(move || git::park_worktree(&d)).await {
+        let (r, d, b) = (PathBuf::from(repo), dir.to_path_buf(), branch.to_owned());
+        match tokio::task::spawn_blocking(move || git::park_worktree(&r, &d, &b)).await {
             Ok(Ok(())) => {}
             _ => return false,
         }

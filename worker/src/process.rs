@@ -216,6 +216,25 @@ impl ProcessTree {
         }
     }
 
+    /// Kills every process below the root (not the root) that works in `dir` or below it: on
+    /// a warm server that serves several tasks, what a task's commands left running there
+    /// (a detached one included: the server adopts it, see `crate::sandbox::adopt_orphans`).
+    /// Returns how many.
+    pub fn kill_working_in(&mut self, dir: &std::path::Path) -> usize {
+        self.refresh();
+        let Ok(dir) = dir.canonicalize() else { return 0 };
+        let mut killed = 0;
+        for &p in &self.pids {
+            let cwd = std::fs::read_link(format!("/proc/{p}/cwd"));
+            if cwd.is_ok_and(|c| c.starts_with(&dir))
+                && nix::sys::signal::kill(Pid::from_raw(p), Signal::SIGKILL).is_ok()
+            {
+                killed += 1;
+            }
+        }
+        killed
+    }
+
     pub fn signal(&self, sig: Signal) {
         for &g in &self.groups {
             // ESRCH (the group is gone) is the normal case after a clean exit.
@@ -330,6 +349,7 @@ fn spawn(cmd: &AgentCommand) -> std::io::Result<tokio::process::Child> {
     if let Some(wall) = &cmd.wall {
         wall.raise(&mut child);
     }
+    crate::sandbox::adopt_orphans(&mut child);
     child
         .args(&cmd.args)
         .current_dir(&cmd.cwd)

@@ -340,6 +340,22 @@ impl Wall {
     }
 }
 
+/// Has `cmd`'s child adopt every process orphaned below it (`PR_SET_CHILD_SUBREAPER`, which
+/// an exec keeps): a command that detaches itself (`setsid`, a double fork, a daemon) is
+/// reparented to the agent rather than to PID 1, so it stays in the agent's tree, where the
+/// worker finds it and stops it with the agent's task (`crate::process::ProcessTree`).
+pub fn adopt_orphans(cmd: &mut tokio::process::Command) {
+    // SAFETY: the closure runs between fork and exec and makes one system call on integers.
+    unsafe {
+        cmd.pre_exec(|| {
+            if nix::libc::prctl(nix::libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
 /// The access rights that apply to a file (not a directory) on `abi`.
 /// (Not `IoctlDev`: no wall handles it, see [`Wall::build`].)
 fn file_access(abi: ABI) -> BitFlags<AccessFs> {

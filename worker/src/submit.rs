@@ -291,15 +291,18 @@ pub fn followup(store: &Store, parent: queue::TaskId, prompt: &str) -> Result<Ta
         )));
     };
     let res = p.result.clone().unwrap_or_default();
-    let left_in_worktree = match (&p.status, &p.worktree) {
-        (TaskStatus::Failed, Some(wt)) if Path::new(wt).exists() => {
+    let left_in_worktree = match (&p.status, &p.worktree, &p.branch) {
+        (TaskStatus::Failed, Some(wt), Some(branch)) if Path::new(wt).exists() => {
             let msg = format!("taskbridge: task {} (its work when it failed)", parent.0);
-            let wt = Path::new(wt);
-            match git::commit_all(wt, &msg)? {
-                Some(sha) => Some(sha),
-                None => git2::Repository::open(wt)
-                    .ok()
-                    .and_then(|r| r.head().ok()?.peel_to_commit().ok().map(|c| c.id().to_string())),
+            // A worktree whose git metadata the agent changed is not read: the follow-up
+            // starts from what the branch holds.
+            match git::Checkout::open(Path::new(&p.repo), Path::new(wt)) {
+                Ok(checkout) => match checkout.commit_all(branch, &msg)? {
+                    Some(sha) => Some(sha),
+                    None => checkout.branch_tip(branch).ok().map(|c| c.id().to_string()),
+                },
+                Err(crate::Error::Tampered(_)) => None,
+                Err(e) => return Err(e),
             }
         }
         _ => None,

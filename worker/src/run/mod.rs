@@ -109,11 +109,13 @@ impl Worker {
         attempt: &Attempt,
     ) -> Result<Option<Outcome>> {
         let Given { resume, new_notes } = given;
+        let mut ran_in = None;
         let stages = async {
             let mut run = {
                 let _step = attempt.step("worktree");
                 self.prepare(task, token, log).await?
             };
+            ran_in = Some(run.dir.clone());
             run.walled = self.wall(&run, log).await?;
             let mut talk = prompt::Conversation::new(&run, resume, &new_notes, &self.cfg);
             let res = self.turns(&run, &mut talk, &new_notes, log, stop, attempt).await?;
@@ -124,6 +126,20 @@ impl Worker {
         // A server of the task's own goes with its run, before the TMPDIR it was given.
         if let Some(servers) = &self.servers {
             servers.stop(&wall::own_server(task)).await;
+            // What the agent left running in its worktree on a shared server goes too, unless
+            // the task waits in its session (its turn goes on after the answer).
+            let waits = matches!(
+                ended,
+                Ok(Outcome::Waiting { .. }) | Err(End::Outcome(Outcome::Waiting { .. }))
+            );
+            if let (Some(dir), false) = (&ran_in, waits) {
+                let killed = servers.kill_working_in(dir).await;
+                if killed > 0 {
+                    log.line(&format!(
+                        "stopped {killed} process(es) the agent left running in its worktree"
+                    ));
+                }
+            }
         }
         // The task's private temporary files go with the run that made them.
         let _ = std::fs::remove_dir_all(wall::task_tmp(&self.home, task));

@@ -135,13 +135,13 @@ impl Worker {
         verdict: Verdict,
         mut res: TaskResult,
     ) -> Stage<TaskResult> {
-        let (task, dir) = (run.task, &run.dir);
+        let task = run.task;
         let d = match verdict {
             Verdict::Finished => return Ok(res),
             Verdict::LostLease => return Err(End::LostLease),
             Verdict::Released => return Err(Outcome::Released.into()),
             Verdict::Cancelled => {
-                self.fill_diff(task, dir, &mut res, false).await;
+                self.fill_diff(run, &mut res, false).await;
                 return Err(Outcome::Cancelled { result: Some(Box::new(res)) }.into());
             }
             Verdict::Asks(question) => {
@@ -169,7 +169,10 @@ impl Worker {
             Verdict::Failed(d) => d,
             Verdict::Explain(e, used) => self.diagnose_agent_error(&e, &used).await,
         };
-        self.fill_diff(task, dir, &mut res, false).await;
+        self.fill_diff(run, &mut res, false).await;
+        if let Some(end) = super::worktree::tampered(&mut res) {
+            return Err(end.into());
+        }
         let result = Some(Box::new(res));
         Err(match d.retryable {
             false => Outcome::FailedPermanently { error: d.message, kind: d.kind, result },

@@ -72,7 +72,10 @@ impl Worker {
             };
             if round > verify.rounds {
                 res.verified = Some(false);
-                self.fill_diff(task, &run.dir, &mut res, false).await;
+                self.fill_diff(run, &mut res, false).await;
+                if let Some(end) = super::worktree::tampered(&mut res) {
+                    return Err(end.into());
+                }
                 let error = verification_failed(&f, verify.rounds);
                 return Err(Outcome::FailedPermanently {
                     error,

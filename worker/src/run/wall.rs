@@ -185,7 +185,8 @@ impl Worker {
         let common = crate::git::common_dir(Path::new(repo)).map_err(|e| text(&e))?;
         let admin = common.join("worktrees");
         std::fs::create_dir_all(&admin).map_err(|e| text(&e))?;
-        write.extend([worktrees, admin, common.join("objects"), tmp.to_path_buf()]);
+        write.extend(crate::git::object_dirs(&common).map_err(|e| text(&e))?);
+        write.extend([worktrees, admin, tmp.to_path_buf()]);
         write.extend(self.bridge_files(AgentKind::OpenCode));
         let read = vec![crate::agent::opencode_serve::plugin_dir(&self.home)];
         Ok(Policy { write, read, hidden: self.hidden(), connect_only: None })
@@ -203,9 +204,10 @@ impl Worker {
         let task = run.task;
         let mut write = self.common_writes(run.spec.kind).map_err(|e| e.to_string())?;
         queue::create_private_dir(tmp).map_err(|e| e.to_string())?;
-        let (admin, objects) = crate::git::worktree_git_dirs(&run.dir)
+        let git_dirs = crate::git::worktree_git_dirs(Path::new(&task.repo), &run.dir)
             .map_err(|e| format!("{}: {e}", run.dir.display()))?;
-        write.extend([admin, objects, tmp.to_path_buf()]);
+        write.extend(git_dirs);
+        write.push(tmp.to_path_buf());
         write.extend(self.bridge_files(run.spec.kind));
         let mut read = Vec::new();
         if run.serving() {

@@ -154,25 +154,51 @@ impl Worker {
             None => "preparing the worktree".to_owned(),
         });
         let reuse = place.spare.is_some();
-        let prepared = tokio::task::spawn_blocking(move || {
+        let fresh = self.repo_worktrees(&task.repo).join(format!("task-{}", task.id.0));
+        let (spare_log, prepared) = tokio::task::spawn_blocking(move || {
+            let mut said = None;
             if reuse {
-                git::reuse_worktree(&repo, &d, &base, id.0)
-            } else {
-                git::prepare_worktree(&repo, &base, id.0, known.as_deref(), &d, pause)
+                match git::reuse_worktree(&repo, &d, &base, id.0) {
+                    Ok(p) => return (None, Ok(p)),
+                    // A spare that cannot be reused (one whose git metadata an earlier agent
+                    // changed, too) is thrown away, unread, and the task gets a new worktree.
+                    Err(e) => {
+                        let gone = git::remove_worktree(&repo, &d).err();
+                        said = Some(match gone {
+                            None => format!(
+                                "the spare worktree {} could not be reused, and \
+                                 was removed: {e}",
+                                d.display()
+                            ),
+                            Some(g) => format!(
+                                "the spare worktree {} could not be reused \
+                                 ({e}), nor removed ({g})",
+                                d.display()
+                            ),
+                        });
+                    }
+                }
             }
+            let dir = if reuse { fresh } else { d };
+            (said, git::prepare_worktree(&repo, &base, id.0, known.as_deref(), &dir, pause))
         })
         .await
         .map_err(|e| Error::Join(e.to_string()))?;
-        if let (Err(e), Some(s)) = (&prepared, &place.spare) {
-            // A spare that cannot be reused is thrown away; the next attempt makes a new one.
-            log.line(&format!("the spare worktree {} could not be reused: {e}", s.display()));
-            let (repo, s) = (PathBuf::from(&task.repo), s.clone());
-            let _ = tokio::task::spawn_blocking(move || git::remove_worktree(&repo, &s)).await;
+        if let Some(said) = spare_log {
+            log.line(&said);
+            tracing::warn!(task = %task.id, "{said}");
         }
         match prepared {
             Ok(p) => Ok(p),
             // Another process may have taken the parent's directory since it was seen free:
             // the next attempt goes elsewhere.
+            Err(e) if e.tampered => {
+                let mut result = Box::<crate::result::TaskResult>::default();
+                result.tampered = Some(e.message.trim_start_matches("tampered: ").to_owned());
+                let error = format!("could not prepare the worktree: {e}");
+                let kind = queue::FailureKind::Tampered;
+                Err(Outcome::FailedPermanently { error, kind, result: Some(result) }.into())
+            }
             Err(e) if e.permanent && !(place.at_parents.is_some() && place.spare.is_none()) => {
                 let error = format!("could not prepare the worktree: {e}");
                 Err(Outcome::FailedPermanently {
@@ -323,15 +349,25 @@ impl Worker {
             });
         }
         if task.readonly {
-            let d = dir.clone();
-            res.reverted_files = tokio::task::spawn_blocking(move || git::revert_all(&d))
+            let (repo, d, b) = (PathBuf::from(&task.repo), dir.clone(), run.branch.clone());
+            let reverted = tokio::task::spawn_blocking(move || git::revert_all(&repo, &d, &b))
                 .await
-                .map_err(|e| Error::Join(e.to_string()))??;
+                .map_err(|e| Error::Join(e.to_string()))?;
+            match reverted {
+                Ok(files) => res.reverted_files = files,
+                Err(Error::Tampered(what)) => res.tampered = Some(what),
+                Err(e) => return Err(e.into()),
+            }
             if !res.reverted_files.is_empty() {
                 log.line(&format!("read-only task: reverted {}", res.reverted_files.join(", ")));
             }
         }
-        self.fill_diff(task, dir, &mut res, true).await;
+        if res.tampered.is_none() {
+            self.fill_diff(run, &mut res, true).await;
+        }
+        if let Some(end) = tampered(&mut res) {
+            return Ok(end);
+        }
         if !task.readonly && res.files_touched.is_empty() && res.commit.is_none() {
             // Done, since the agent says so; the summary the planner reads says this first.
             res.no_changes = true;
@@ -347,7 +383,7 @@ impl Worker {
     /// branch keeps the work either way.
     async fn leave_worktree(&self, run: &Run<'_>, log: &mut TaskLog) {
         let (task, dir) = (run.task, &run.dir);
-        if self.servers.is_some() && self.keep_spare(&task.repo, dir).await {
+        if self.servers.is_some() && self.keep_spare(&task.repo, dir, &run.branch).await {
             log.line(
                 "work committed (the branch keeps it); the directory stays for this worker's \
                  next task of this repository, cleaned first",
@@ -367,21 +403,19 @@ impl Worker {
 
     /// Fills files_touched, diff and diffstat from git; with `commit`, first commits the work on
     /// the task branch. Errors are logged into the result's summary rather than losing it.
-    pub(super) async fn fill_diff(
-        &self,
-        task: &Task,
-        dir: &Path,
-        res: &mut TaskResult,
-        commit: bool,
-    ) {
+    /// A worktree whose git metadata the agent changed is not read: `res.tampered` says what
+    /// changed, and the caller ends the run with [`tampered`].
+    pub(super) async fn fill_diff(&self, run: &Run<'_>, res: &mut TaskResult, commit: bool) {
+        let task = run.task;
         // Its own work only: against the commit it started from (its dependencies' work, when
         // it was stacked on them).
         let base = res.started_from.clone().unwrap_or_else(|| task.base.clone());
-        let d = dir.to_path_buf();
+        let (repo, d, branch) = (PathBuf::from(&task.repo), run.dir.clone(), run.branch.clone());
         let message = format!("taskbridge: task {}: {}\n\n{}", task.id.0, task.title, res.summary);
         let out = tokio::task::spawn_blocking(move || -> crate::error::Result<_> {
-            let sha = if commit { git::commit_all(&d, &message)? } else { None };
-            Ok((sha, git::diff_against_base(&d, &base)?))
+            let checkout = git::Checkout::open(&repo, &d)?;
+            let sha = if commit { checkout.commit_all(&branch, &message)? } else { None };
+            Ok((sha, checkout.diff_against(&branch, &base)?))
         })
         .await;
         match out {
@@ -391,8 +425,22 @@ impl Worker {
                 res.diff = diff.patch;
                 res.diffstat = diff.stat;
             }
+            Ok(Err(Error::Tampered(what))) => res.tampered = Some(what),
             Ok(Err(e)) => tracing::warn!(task = %task.id, error = %e, "diff failed"),
             Err(e) => tracing::warn!(task = %task.id, error = %e, "diff failed"),
         }
     }
+}
+
+/// The run's end when the agent changed the git metadata of its worktree: the task fails for
+/// good, saying what changed (the worktree is left as it is, unread).
+pub(super) fn tampered(res: &mut TaskResult) -> Option<Outcome> {
+    let what = res.tampered.clone()?;
+    let error = format!(
+        "tampered: {what}. TaskBridge committed nothing and read nothing through it; the \
+         worktree is left as the agent left it"
+    );
+    tracing::warn!("{error}");
+    let result = Some(Box::new(std::mem::take(res)));
+    Some(Outcome::FailedPermanently { error, kind: queue::FailureKind::Tampered, result })
 }

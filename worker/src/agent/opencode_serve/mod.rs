@@ -131,6 +131,17 @@ impl Servers {
         }
     }
 
+    /// Kills what any server still runs in `dir`, a task's worktree whose run is over: a
+    /// command the agent left behind, detached or not, must not outlive its task (nor write
+    /// the directory the repository's next task may reuse). Returns how many.
+    pub async fn kill_working_in(&self, dir: &Path) -> usize {
+        let mut killed = 0;
+        for s in self.all() {
+            killed += s.kill_working_in(dir).await;
+        }
+        killed
+    }
+
     /// Deletes the sessions made ahead in `dir` (a spare being removed), on every server.
     pub async fn forget_ready(&self, dir: &Path) {
         for s in self.all() {

@@ -137,6 +137,7 @@ impl ServeAgent {
         if let Some(wall) = &self.wall {
             wall.raise(&mut child);
         }
+        crate::sandbox::adopt_orphans(&mut child);
         let mut child = child
             .args(["serve", "--port", &port.to_string(), "--hostname", "127.0.0.1"])
             .envs(self.env.iter().map(|(k, v)| (k, v)))
@@ -208,6 +209,13 @@ impl ServeAgent {
         self.wall.as_ref().map(|w| w.abi())
     }
 
+    /// Kills what the server runs in `dir` (a task's worktree, once its run is over).
+    pub async fn kill_working_in(&self, dir: &Path) -> usize {
+        let state = self.state.lock().await;
+        let Some(r) = state.as_ref() else { return 0 };
+        r.tree.lock().map_or(0, |mut tree| tree.kill_working_in(dir))
+    }
+
     /// Stops the server and everything it started.
     pub async fn shutdown(&self) {
         if let Some(mut r) = self.state.lock().await.take() {
@@ -230,7 +238,7 @@ fn remove_spares(list: &Path) {
     for s in spares {
         if let (Some(repo), Some(dir)) = (s["repo"].as_str(), s["dir"].as_str()) {
             // A spare is detached; one on a branch was taken by a task since.
-            if crate::git::head_branch(Path::new(dir)).is_some() {
+            if crate::git::head_branch(Path::new(repo), Path::new(dir)).is_some() {
                 continue;
             }
             match crate::git::remove_worktree(Path::new(repo), Path::new(dir)) {
@@ -314,7 +322,7 @@ mod tests {
         let spare = root.path().join("spare");
         let taken = root.path().join("taken");
         crate::git::prepare_worktree(repo.path(), &base, 1, None, &spare, None).unwrap();
-        crate::git::park_worktree(&spare).unwrap();
+        crate::git::park_worktree(repo.path(), &spare, "taskbridge/task-1").unwrap();
         crate::git::prepare_worktree(repo.path(), &base, 2, None, &taken, None).unwrap();
 
         let home = queue::Home::at(root.path().join("home")).unwrap();

@@ -2,10 +2,13 @@
 //! committing the agent's work, and the diff Claude gets back. A branch or worktree that holds
 //! work is never deleted here.
 
+mod checkout;
+
 use crate::error::{Error, Result};
+pub use checkout::{Checkout, Head};
 use git2::{
-    BranchType, Delta, Diff, DiffFindOptions, DiffFormat, DiffOptions, IndexAddOption, Oid,
-    Repository, Signature, StatusOptions, WorktreeAddOptions, WorktreePruneOptions,
+    BranchType, Delta, Diff, DiffFindOptions, DiffFormat, DiffOptions, Oid, Repository, Signature,
+    StatusOptions, WorktreeAddOptions, WorktreePruneOptions,
 };
 use std::path::{Path, PathBuf};
 
@@ -79,14 +82,13 @@ pub fn resolve_repo(path: &Path, reference: Option<&str>) -> Result<ResolvedRepo
     Ok(ResolvedRepo { toplevel, base: commit.id().to_string(), branch })
 }
 
-/// The local branch checked out in the worktree at `dir`, if it is on one.
-pub fn head_branch(dir: &Path) -> Option<String> {
-    let repo = Repository::open(dir).ok()?;
-    let head = repo.head().ok()?;
-    if !head.is_branch() {
-        return None;
+/// The local branch checked out in `repo`'s worktree at `dir`, if it is one of its worktrees
+/// as git made it and on a branch.
+pub fn head_branch(repo: &Path, dir: &Path) -> Option<String> {
+    match Checkout::open(repo, dir).ok()?.head() {
+        Head::Branch(b) => Some(b.clone()),
+        Head::Detached(_) => None,
     }
-    head.shorthand().ok().map(str::to_owned)
 }
 
 /// The paths an in-memory merge left conflicted, sorted.
@@ -190,12 +192,18 @@ pub fn merge_into(
     } else {
         registrations(&repo)
             .into_iter()
-            .find(|r| r.head.as_deref() == Some(target_ref.as_str()) && opens(&r.path))
+            .find(|r| {
+                r.head.as_deref() == Some(target_ref.as_str()) && opens(repo.commondir(), &r.path)
+            })
             .map(|r| r.path)
     };
     let wt = match &checkout {
         Some(dir) => {
-            let wt = Repository::open(dir).map_err(fail)?;
+            let wt = match main_on {
+                true => checkout::open_main(repo_path),
+                false => open_linked(&repo, dir),
+            };
+            let wt = wt.map_err(|e| e.to_string())?;
             let mut opts = StatusOptions::new();
             opts.include_untracked(false).include_ignored(false);
             let dirty: Vec<String> = wt
@@ -297,8 +305,9 @@ fn free_branch(
         let Ok(existing) = repo.find_branch(&name, BranchType::Local) else { return Ok(name) };
         let at_base = existing.get().target() == Some(base.id());
         let reference = format!("refs/heads/{name}");
-        let held =
-            regs.iter().any(|r| r.head.as_deref() == Some(reference.as_str()) && opens(&r.path));
+        let held = regs.iter().any(|r| {
+            r.head.as_deref() == Some(reference.as_str()) && opens(repo.commondir(), &r.path)
+        });
         if at_base && !held {
             return Ok(name);
         }
@@ -321,6 +330,12 @@ pub struct Prepared {
     pub repairs: Vec<String>,
 }
 
+impl Prepared {
+    fn made(branch: String, dir: &Path) -> Prepared {
+        Prepared { branch, dir: dir.to_path_buf(), created: true, repairs: vec![] }
+    }
+}
+
 /// Why a worktree could not be prepared. `permanent` says whether another attempt could change
 /// anything: a repository that is gone or a base commit it does not have cannot be retried into
 /// working; a lock or a file system hiccup can.
@@ -328,6 +343,8 @@ pub struct Prepared {
 pub struct PrepareError {
     pub message: String,
     pub permanent: bool,
+    /// The agent changed the worktree's git metadata (`Error::Tampered`).
+    pub tampered: bool,
 }
 
 impl std::fmt::Display for PrepareError {
@@ -337,11 +354,22 @@ impl std::fmt::Display for PrepareError {
 }
 
 fn transient(e: impl std::fmt::Display) -> PrepareError {
-    PrepareError { message: e.to_string(), permanent: false }
+    PrepareError { message: e.to_string(), permanent: false, tampered: false }
 }
 
 fn permanent(message: String) -> PrepareError {
-    PrepareError { message, permanent: true }
+    PrepareError { message, permanent: true, tampered: false }
+}
+
+impl From<Error> for PrepareError {
+    fn from(e: Error) -> PrepareError {
+        match e {
+            Error::Tampered(_) => {
+                PrepareError { message: e.to_string(), permanent: true, tampered: true }
+            }
+            e => transient(e),
+        }
+    }
 }
 
 /// Holds `<git common dir>/taskbridge-worktree.lock` exclusively: libgit2 makes
@@ -404,17 +432,43 @@ pub fn same_path(a: &Path, b: &Path) -> bool {
     a == b || matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if x == y)
 }
 
-/// Whether `dir` is a worktree git can open.
-fn opens(dir: &Path) -> bool {
-    dir.join(".git").exists() && Repository::open(dir).is_ok()
+/// Whether `dir` is a worktree of the repository whose common directory is `common`, as git
+/// made it (see [`checkout::verify`]).
+fn opens(common: &Path, dir: &Path) -> bool {
+    matches!(checkout::verify(common, dir), Ok(Some(_)))
+}
+
+/// A linked worktree that has a branch of the user's checked out (a merge updates it), opened
+/// once it is checked to be as git made it, and without a configuration of its own (which
+/// could name another working directory).
+fn open_linked(repo: &Repository, dir: &Path) -> Result<Repository> {
+    let Some((admin, _)) = checkout::verify(repo.commondir(), dir)? else {
+        return Err(Error::Repo(format!("there is no worktree at {}", dir.display())));
+    };
+    if admin.join("config.worktree").exists() {
+        return Err(Error::Tampered(format!(
+            "the worktree {} has a configuration of its own ({}), which TaskBridge does not follow",
+            dir.display(),
+            admin.join("config.worktree").display()
+        )));
+    }
+    checkout::open_main(dir)
 }
 
 /// `dir` as a worktree whose checkout finished. libgit2 writes the index last, so a worktree
 /// registered and pointed at but without an index is a checkout that a crash cut short: it
-/// lacks files, and committing it would delete them from the branch.
-fn finished_worktree(dir: &Path) -> Option<Repository> {
-    let wt = Repository::open(dir).ok().filter(|_| dir.join(".git").exists())?;
-    wt.path().join("index").exists().then_some(wt)
+/// lacks files, and committing it would delete them from the branch. A worktree whose git
+/// metadata the agent changed is an error (`Error::Tampered`).
+fn finished_worktree(
+    repo_path: &Path,
+    repo: &Repository,
+    dir: &Path,
+) -> std::result::Result<Option<Checkout>, PrepareError> {
+    let Some((admin, _)) = checkout::verify(repo.commondir(), dir)? else { return Ok(None) };
+    if !admin.join("index").exists() {
+        return Ok(None);
+    }
+    Ok(Some(Checkout::open(repo_path, dir)?))
 }
 
 /// Whether every file under `dir` is exactly the file at the same path in `tree`: a checkout
@@ -457,11 +511,28 @@ pub fn common_dir(repo: &Path) -> Result<PathBuf> {
     Ok(Repository::open(repo)?.commondir().to_path_buf())
 }
 
-/// What git inside the worktree `dir` writes besides the checkout: its admin directory
-/// (`<common>/worktrees/<name>`: index, HEAD) and the repository's object store (`git add`).
-pub fn worktree_git_dirs(dir: &Path) -> Result<(PathBuf, PathBuf)> {
-    let repo = Repository::open(dir)?;
-    Ok((repo.path().to_path_buf(), repo.commondir().join("objects")))
+/// What git inside `repo`'s worktree `dir` writes besides the checkout: its admin directory
+/// (`<common>/worktrees/<name>`: index, HEAD) and the object store's directories (`git add`).
+pub fn worktree_git_dirs(repo: &Path, dir: &Path) -> Result<Vec<PathBuf>> {
+    let checkout = Checkout::open(repo, dir)?;
+    let mut dirs = object_dirs(checkout.repo().commondir())?;
+    dirs.push(checkout.admin().to_path_buf());
+    Ok(dirs)
+}
+
+/// The directories of `common`'s object store that git writes new objects into: the 256
+/// fan-out directories of loose objects (made here when missing, since an agent inside the
+/// wall could not make one it may write) and `pack`. Not `objects/` itself nor `objects/info`,
+/// where `alternates` would send every reader of the repository to objects elsewhere.
+pub fn object_dirs(common: &Path) -> Result<Vec<PathBuf>> {
+    let objects = common.join("objects");
+    let mut dirs: Vec<PathBuf> = (0..=255u8).map(|b| objects.join(format!("{b:02x}"))).collect();
+    dirs.push(objects.join("pack"));
+    for d in &dirs {
+        std::fs::create_dir_all(d)
+            .map_err(|e| Error::io(format!("creating {}", d.display()), e))?;
+    }
+    Ok(dirs)
 }
 
 /// Creates (or reuses, on a retry or resume) the task's worktree at `dir` on branch
@@ -483,7 +554,8 @@ pub fn prepare_worktree(
     let _lock = RepoLock::acquire(&repo)?;
     let base_commit = base_commit(&repo, repo_path, base)?;
     let mut repairs = Vec::new();
-    let dir = match reuse_own_worktree(&repo, task_id, known_branch, dir, &mut repairs)? {
+    let own = reuse_own_worktree(repo_path, &repo, task_id, known_branch, dir, &mut repairs)?;
+    let dir = match own {
         Reuse::Ours(branch, dir) => return Ok(Prepared { branch, dir, created: false, repairs }),
         Reuse::Make(dir) => dir,
     };
@@ -525,14 +597,20 @@ enum Reuse {
 
 /// Reuses the task's own worktree at `asked`; steps around another task's there.
 fn reuse_own_worktree(
+    repo_path: &Path,
     repo: &Repository,
     task_id: i64,
     known_branch: Option<&str>,
     asked: &Path,
     repairs: &mut Vec<String>,
 ) -> std::result::Result<Reuse, PrepareError> {
-    let Some(wt) = finished_worktree(asked) else { return Ok(Reuse::Make(asked.to_path_buf())) };
-    let on = wt.head().ok().and_then(|h| h.shorthand().ok().map(str::to_owned));
+    let Some(wt) = finished_worktree(repo_path, repo, asked)? else {
+        return Ok(Reuse::Make(asked.to_path_buf()));
+    };
+    let on = match wt.head() {
+        Head::Branch(b) => Some(b.clone()),
+        Head::Detached(_) => None,
+    };
     // This task's own worktree: on the branch it recorded, or, before it recorded one, on a
     // name its first run could have chosen.
     let ours = match (&on, known_branch) {
@@ -615,7 +693,9 @@ fn task_branch(
     };
     let held = format!("refs/heads/{branch}");
     let Some(other) = registrations(repo).into_iter().find(|r| {
-        r.head.as_deref() == Some(held.as_str()) && !same_path(&r.path, dir) && opens(&r.path)
+        r.head.as_deref() == Some(held.as_str())
+            && !same_path(&r.path, dir)
+            && opens(repo.commondir(), &r.path)
     }) else {
         return Ok(branch);
     };
@@ -646,11 +726,12 @@ fn prune_stale_registrations(
         if !at_dir && !holds_branch && !takes_name {
             continue;
         }
-        if takes_name && !at_dir && !holds_branch && opens(&reg.path) {
+        let live = opens(repo.commondir(), &reg.path);
+        if takes_name && !at_dir && !holds_branch && live {
             // A live worktree under that name with another branch: ours takes another name.
             continue;
         }
-        if opens(&reg.path) {
+        if live {
             // Live, and not ours (our directory was cleared before): stepped around before,
             // so one that appeared since is left alone too.
             return Err(transient(format!(
@@ -659,6 +740,7 @@ fn prune_stale_registrations(
             )));
         }
         // A half-made registration libgit2 cannot open is only its directory, removed below.
+        // Only the registration: the directory it names may be anything the agent wrote there.
         if let Ok(wt) = repo.find_worktree(&reg.name) {
             wt.prune(Some(
                 WorktreePruneOptions::new().valid(true).locked(true).working_tree(false),
@@ -767,13 +849,10 @@ fn base_commit<'r>(
 }
 
 /// Keeps a done task's worktree as a spare for the next task of the same repository: HEAD is
-/// detached at the task's commit, so its branch is free for anything else (a merge, a
-/// follow-up) while the directory waits.
-pub fn park_worktree(dir: &Path) -> Result<()> {
-    let wt = Repository::open(dir)?;
-    let head = wt.head()?.peel_to_commit()?.id();
-    wt.set_head_detached(head)?;
-    Ok(())
+/// detached at the tip of the task's `branch`, so the branch is free for anything else (a
+/// merge, a follow-up) while the directory waits.
+pub fn park_worktree(repo: &Path, dir: &Path, branch: &str) -> Result<()> {
+    Checkout::open(repo, dir)?.park(branch)
 }
 
 /// Makes a spare worktree ready for task `task_id`: the task's new branch at `base`, checked out
@@ -786,19 +865,16 @@ pub fn reuse_worktree(
     base: &str,
     task_id: i64,
 ) -> std::result::Result<Prepared, PrepareError> {
-    let repo = Repository::open(repo_path).map_err(transient)?;
-    let _lock = RepoLock::acquire(&repo)?;
-    let base_commit = base_commit(&repo, repo_path, base)?;
-    let branch = free_branch(&repo, task_id, &base_commit)?;
+    let checkout = Checkout::open(repo_path, dir)?;
+    let repo = checkout.repo();
+    let _lock = RepoLock::acquire(repo)?;
+    let base_commit = base_commit(repo, repo_path, base)?;
+    let branch = free_branch(repo, task_id, &base_commit)?;
     if repo.find_branch(&branch, BranchType::Local).is_err() {
         repo.branch(&branch, &base_commit, false).map_err(transient)?;
     }
-    let wt = Repository::open(dir).map_err(transient)?;
-    wt.set_head(&format!("refs/heads/{branch}")).map_err(transient)?;
-    let mut checkout = git2::build::CheckoutBuilder::new();
-    checkout.force().remove_untracked(true).remove_ignored(true);
-    wt.checkout_head(Some(&mut checkout)).map_err(transient)?;
-    Ok(Prepared { branch, dir: dir.to_path_buf(), created: true, repairs: vec![] })
+    checkout.reset_to(&branch, &base_commit)?;
+    Ok(Prepared::made(branch, dir))
 }
 
 /// Removes a worktree whose work is committed, and its registration; the branch stays.
@@ -810,37 +886,27 @@ pub fn remove_worktree(repo_path: &Path, dir: &Path) -> Result<()> {
     let repo = Repository::open(repo_path)?;
     let _lock = RepoLock::acquire(&repo).map_err(|e| Error::Repo(e.message))?;
     for reg in registrations(&repo).into_iter().filter(|r| same_path(&r.path, dir)) {
+        // The registration only: the directory is gone, and libgit2 would remove the one the
+        // registration names, which the agent can write.
         if let Ok(wt) = repo.find_worktree(&reg.name) {
-            wt.prune(Some(WorktreePruneOptions::new().valid(true).working_tree(true)))?;
+            wt.prune(Some(WorktreePruneOptions::new().valid(true).working_tree(false)))?;
         }
     }
     Ok(())
 }
 
-fn signature(repo: &Repository) -> Result<Signature<'static>> {
+pub(crate) fn signature(repo: &Repository) -> Result<Signature<'static>> {
     match repo.signature() {
         Ok(sig) => Ok(sig.to_owned()),
         Err(_) => Ok(Signature::now("TaskBridge", "taskbridge@localhost")?),
     }
 }
 
-/// Commits everything in the worktree (new, changed and deleted files; ignored files stay out)
-/// on its branch. Returns the new commit, or `None` when there was nothing to commit.
-pub fn commit_all(worktree: &Path, message: &str) -> Result<Option<String>> {
-    let repo = Repository::open(worktree)?;
-    let mut index = repo.index()?;
-    index.add_all(["*"], IndexAddOption::DEFAULT, None)?;
-    index.update_all(["*"], None)?;
-    index.write()?;
-    let tree_id = index.write_tree()?;
-    let head = repo.head()?.peel_to_commit()?;
-    if head.tree_id() == tree_id {
-        return Ok(None);
-    }
-    let tree = repo.find_tree(tree_id)?;
-    let sig = signature(&repo)?;
-    let oid = repo.commit(Some("HEAD"), &sig, &sig, message, &tree, &[&head])?;
-    Ok(Some(oid.to_string()))
+/// Commits everything in `repo`'s worktree `dir` (new, changed and deleted files; ignored
+/// files stay out) on the task's `branch`. Returns the new commit, or `None` when there was
+/// nothing to commit.
+pub fn commit_all(repo: &Path, dir: &Path, branch: &str, message: &str) -> Result<Option<String>> {
+    Checkout::open(repo, dir)?.commit_all(branch, message)
 }
 
 /// The paths of `repo`'s working tree that differ from its HEAD (untracked ones included,
@@ -856,24 +922,10 @@ pub fn uncommitted(repo: &Path) -> Result<Vec<String>> {
         .collect())
 }
 
-/// Puts the worktree back to its HEAD commit, deleting untracked files, and returns the paths
-/// that had changed. Used for read-only tasks.
-pub fn revert_all(worktree: &Path) -> Result<Vec<String>> {
-    let repo = Repository::open(worktree)?;
-    let mut opts = StatusOptions::new();
-    opts.include_untracked(true).recurse_untracked_dirs(true).include_ignored(false);
-    let changed: Vec<String> = repo
-        .statuses(Some(&mut opts))?
-        .iter()
-        .filter_map(|s| s.path().ok().map(str::to_owned))
-        .collect();
-    if changed.is_empty() {
-        return Ok(changed);
-    }
-    let mut checkout = git2::build::CheckoutBuilder::new();
-    checkout.force().remove_untracked(true);
-    repo.checkout_head(Some(&mut checkout))?;
-    Ok(changed)
+/// Puts `repo`'s worktree `dir` back to the tip of `branch`, deleting untracked files, and
+/// returns the paths that had changed. Used for read-only tasks.
+pub fn revert_all(repo: &Path, dir: &Path, branch: &str) -> Result<Vec<String>> {
+    Checkout::open(repo, dir)?.revert_all(branch)
 }
 
 pub use queue::{DiffStat, FileTouched};
@@ -885,11 +937,20 @@ pub struct WorkDiff {
     pub stat: DiffStat,
 }
 
-/// Everything that differs between `base` and the worktree as it is on disk: commits the agent
-/// made, staged and unstaged edits, and untracked files (not ignored ones), with renames found.
-pub fn diff_against_base(worktree: &Path, base: &str) -> Result<WorkDiff> {
-    let repo = Repository::open(worktree)?;
-    let base_tree = repo.find_commit(Oid::from_str(base)?)?.tree()?;
+/// Everything that differs between `base` and `repo`'s worktree `dir` on `branch` as it is on
+/// disk: commits on the branch, edits, and untracked files (not ignored ones), with renames
+/// found.
+pub fn diff_against_base(repo: &Path, dir: &Path, branch: &str, base: &str) -> Result<WorkDiff> {
+    Checkout::open(repo, dir)?.diff_against(branch, base)
+}
+
+/// The diff from `base_tree` to the repository's working directory, through `_index` (the one
+/// set on the repository).
+fn diff_to_workdir(
+    repo: &Repository,
+    base_tree: &git2::Tree<'_>,
+    _index: &git2::Index,
+) -> Result<WorkDiff> {
     let mut opts = DiffOptions::new();
     // A file that became a symlink (or the reverse) is one change, not a deletion and an
     // addition of the same path.
@@ -897,7 +958,7 @@ pub fn diff_against_base(worktree: &Path, base: &str) -> Result<WorkDiff> {
         .recurse_untracked_dirs(true)
         .show_untracked_content(true)
         .include_typechange(true);
-    let mut diff = repo.diff_tree_to_workdir_with_index(Some(&base_tree), Some(&mut opts))?;
+    let mut diff = repo.diff_tree_to_workdir_with_index(Some(base_tree), Some(&mut opts))?;
     diff.find_similar(Some(DiffFindOptions::new().renames(true).for_untracked(true)))?;
     render(&diff)
 }
@@ -970,13 +1031,21 @@ pub(crate) mod tests {
         prepare_worktree(r.path(), &base, 4, None, &dir, None).unwrap();
         let common = common_dir(r.path()).unwrap();
         assert!(same_path(&common, &r.path().join(".git")), "{}", common.display());
-        let (admin, objects) = worktree_git_dirs(&dir).unwrap();
+        let dirs = worktree_git_dirs(r.path(), &dir).unwrap();
+        let admin = dirs.last().unwrap();
         assert!(admin.starts_with(common.join("worktrees")) && admin.join("HEAD").is_file());
-        assert!(same_path(&objects, &common.join("objects")), "{}", objects.display());
+        // Every fan-out directory of the object store and its packs, not the store itself
+        // (whose `info/alternates` would send readers elsewhere).
+        let objects = common.join("objects");
+        assert_eq!(dirs.len(), 258, "{dirs:?}");
+        assert!(dirs.iter().all(|d| d.parent() == Some(&objects) || d == admin), "{dirs:?}");
+        assert!(dirs.contains(&objects.join("00")) && dirs.contains(&objects.join("ff")));
+        assert!(dirs.contains(&objects.join("pack")) && objects.join("ab").is_dir());
+        assert!(!dirs.contains(&objects) && !dirs.contains(&objects.join("info")));
         assert!(common_dir(wt.path()).is_err(), "not a repository");
     }
 
-    fn repo() -> tempfile::TempDir {
+    pub(crate) fn repo() -> tempfile::TempDir {
         let d = tempfile::tempdir().unwrap();
         git(d.path(), &["init", "-q", "-b", "main"]);
         std::fs::write(d.path().join("a.txt"), "one\ntwo\n").unwrap();
@@ -1058,7 +1127,8 @@ pub(crate) mod tests {
         std::fs::write(wt.join("new.txt"), "fresh\n").unwrap();
         std::fs::remove_file(wt.join("gone.txt")).unwrap();
         std::fs::rename(wt.join("old.txt"), wt.join("moved.txt")).unwrap();
-        let d = diff_against_base(&wt, &base).unwrap();
+        let (rp, b1) = (r.path(), "taskbridge/task-1");
+        let d = diff_against_base(rp, &wt, b1, &base).unwrap();
         let mut got: Vec<(String, String)> =
             d.files.iter().map(|f| (f.path.clone(), f.status.clone())).collect();
         got.sort();
@@ -1074,9 +1144,9 @@ pub(crate) mod tests {
         assert!(d.patch.contains("-two\n+TWO\n"), "{}", d.patch);
         assert!(d.patch.contains("+fresh"), "untracked content is in the patch");
 
-        let commit = commit_all(&wt, "task 1").unwrap().unwrap();
-        assert_eq!(commit_all(&wt, "again").unwrap(), None, "nothing left to commit");
-        let after = diff_against_base(&wt, &base).unwrap();
+        let commit = commit_all(rp, &wt, b1, "task 1").unwrap().unwrap();
+        assert_eq!(commit_all(rp, &wt, b1, "again").unwrap(), None, "nothing left to commit");
+        let after = diff_against_base(rp, &wt, b1, &base).unwrap();
         assert_eq!(after.stat, d.stat, "the committed diff is the same diff");
         remove_worktree(r.path(), &wt).unwrap();
         assert!(!wt.exists());
@@ -1096,16 +1166,17 @@ pub(crate) mod tests {
         prepare_worktree(r.path(), &base, 2, None, &wt, None).unwrap();
         std::fs::write(wt.join("a.txt"), "changed\n").unwrap();
         std::fs::write(wt.join("junk.txt"), "junk\n").unwrap();
-        let mut reverted = revert_all(&wt).unwrap();
+        let mut reverted = revert_all(r.path(), &wt, "taskbridge/task-2").unwrap();
         reverted.sort();
         assert_eq!(reverted, vec!["a.txt".to_string(), "junk.txt".to_string()]);
-        assert!(diff_against_base(&wt, &base).unwrap().files.is_empty());
+        assert!(
+            diff_against_base(r.path(), &wt, "taskbridge/task-2", &base).unwrap().files.is_empty()
+        );
     }
 
     fn prepared_ok(repo: &Path, base: &str, id: i64, wt: &Path) -> Prepared {
         let p = prepare_worktree(repo, base, id, None, wt, None).unwrap();
-        let opened = Repository::open(wt).unwrap();
-        assert_eq!(opened.head().unwrap().shorthand().unwrap(), branch_name(id));
+        assert_eq!(head_branch(repo, wt), Some(branch_name(id)));
         assert!(wt.join("a.txt").exists(), "the worktree is checked out");
         p
     }
@@ -1168,7 +1239,7 @@ pub(crate) mod tests {
         let p = prepared_ok(r.path(), &base, 9, &wt);
         assert!(p.created, "made again: {p:?}");
         assert!(wt.join("gone.txt").exists());
-        assert!(diff_against_base(&wt, &base).unwrap().files.is_empty());
+        assert!(diff_against_base(r.path(), &wt, &p.branch, &base).unwrap().files.is_empty());
     }
 
     #[test]
@@ -1224,6 +1295,7 @@ pub(crate) mod tests {
         let base = resolve_repo(r.path(), None).unwrap().base;
         let root = tempfile::tempdir().unwrap();
         let admin = r.path().join(".git/worktrees/taskbridge-task-4");
+        let common = common_dir(r.path()).unwrap();
         for keep in [
             &[][..],
             &["HEAD"][..],
@@ -1245,7 +1317,7 @@ pub(crate) mod tests {
             let p = prepare_worktree(r.path(), &base, 4, Some("taskbridge/task-4"), &wt, None)
                 .unwrap_or_else(|e| panic!("with {keep:?} left: {e:?}"));
             assert_eq!(p.branch, "taskbridge/task-4", "with {keep:?} left");
-            assert!(opens(&wt), "with {keep:?} left");
+            assert!(opens(&common, &wt), "with {keep:?} left");
         }
     }
 
@@ -1259,13 +1331,14 @@ pub(crate) mod tests {
         let root = tempfile::tempdir().unwrap();
         let spare = root.path().join("task-4");
         prepare_worktree(r.path(), &base, 4, None, &spare, None).unwrap();
-        park_worktree(&spare).unwrap();
+        park_worktree(r.path(), &spare, "taskbridge/task-4").unwrap();
         assert_eq!(reuse_worktree(r.path(), &spare, &base, 5).unwrap().branch, "taskbridge/task-5");
         let again = root.path().join("task-4-again");
         let p =
             prepare_worktree(r.path(), &base, 4, Some("taskbridge/task-4"), &again, None).unwrap();
         assert_eq!(p.branch, "taskbridge/task-4");
-        assert!(opens(&again) && opens(&spare), "both worktrees stand");
+        let common = common_dir(r.path()).unwrap();
+        assert!(opens(&common, &again) && opens(&common, &spare), "both worktrees stand");
     }
 
     #[test]
@@ -1278,7 +1351,7 @@ pub(crate) mod tests {
         let old = root.path().join("old-task-1");
         let first = prepare_worktree(r.path(), &base, 1, None, &old, None).unwrap();
         std::fs::write(old.join("a.txt"), "someone else's work\n").unwrap();
-        commit_all(&old, "old work").unwrap();
+        commit_all(r.path(), &old, &first.branch, "old work").unwrap();
         remove_worktree(r.path(), &old).unwrap();
         let wt = root.path().join("task-1");
         let p = prepare_worktree(r.path(), &base, 1, None, &wt, None).unwrap();
@@ -1409,12 +1482,15 @@ pub(crate) mod tests {
     #[test]
     fn head_branch_is_the_checked_out_branch_only() {
         let r = repo();
-        assert_eq!(head_branch(r.path()).as_deref(), Some("main"));
-        git(r.path(), &["checkout", "-q", "-b", "feature/x"]);
-        assert_eq!(head_branch(r.path()).as_deref(), Some("feature/x"));
-        git(r.path(), &["checkout", "-q", "--detach"]);
-        assert_eq!(head_branch(r.path()), None);
-        assert_eq!(head_branch(tempfile::tempdir().unwrap().path()), None);
+        let root = tempfile::tempdir().unwrap();
+        let wt = root.path().join("wt");
+        git(r.path(), &["worktree", "add", "-q", "-b", "feature/x", wt.to_str().unwrap()]);
+        assert_eq!(head_branch(r.path(), &wt).as_deref(), Some("feature/x"));
+        git(&wt, &["checkout", "-q", "--detach"]);
+        assert_eq!(head_branch(r.path(), &wt), None);
+        assert_eq!(head_branch(r.path(), tempfile::tempdir().unwrap().path()), None);
+        // The main checkout is no linked worktree of its own.
+        assert_eq!(head_branch(r.path(), r.path()), None);
     }
 
     #[test]
@@ -1568,18 +1644,24 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn only_a_checkout_git_opens_counts_as_a_worktree_that_opens() {
+    fn only_a_linked_worktree_as_git_made_it_counts_as_one_that_opens() {
         let r = repo();
-        assert!(opens(r.path()) && is_worktree(r.path()));
+        let common = common_dir(r.path()).unwrap();
+        let root = tempfile::tempdir().unwrap();
+        let wt = root.path().join("wt");
+        git(r.path(), &["worktree", "add", "-q", "-b", "x", wt.to_str().unwrap()]);
+        assert!(opens(&common, &wt) && is_worktree(&wt));
+        // The main checkout is a repository, not one of its linked worktrees.
+        assert!(!opens(&common, r.path()) && is_worktree(r.path()));
         let plain = tempfile::tempdir().unwrap();
-        assert!(!opens(plain.path()) && !is_worktree(plain.path()));
-        // A bare repository opens but is no checkout.
+        assert!(!opens(&common, plain.path()) && !is_worktree(plain.path()));
+        // A bare repository is no checkout.
         git(plain.path(), &["init", "-q", "--bare"]);
-        assert!(!opens(plain.path()));
+        assert!(!opens(&common, plain.path()));
         // A `.git` that leads nowhere is there but does not open.
         let broken = tempfile::tempdir().unwrap();
         std::fs::write(broken.path().join(".git"), "gitdir: /nowhere/at/all\n").unwrap();
-        assert!(is_worktree(broken.path()) && !opens(broken.path()));
+        assert!(is_worktree(broken.path()) && !opens(&common, broken.path()));
     }
 
     #[test]
@@ -1606,9 +1688,9 @@ pub(crate) mod tests {
         let wt = root.path().join("task-3");
         prepare_worktree(r.path(), &base, 3, None, &wt, None).unwrap();
         std::fs::write(wt.join("a.txt"), "work\n").unwrap();
-        let commit = commit_all(&wt, "work").unwrap().unwrap();
-        park_worktree(&wt).unwrap();
-        assert_eq!(head_branch(&wt), None);
+        let commit = commit_all(r.path(), &wt, "taskbridge/task-3", "work").unwrap().unwrap();
+        park_worktree(r.path(), &wt, "taskbridge/task-3").unwrap();
+        assert_eq!(head_branch(r.path(), &wt), None);
         assert_eq!(head_of(&wt, "HEAD"), commit);
         // The branch is free: it can be checked out elsewhere.
         let other = root.path().join("other");
@@ -1627,9 +1709,12 @@ pub(crate) mod tests {
     fn a_file_turned_into_a_symlink_is_a_typechange() {
         let r = repo();
         let base = head_of(r.path(), "HEAD");
-        std::fs::remove_file(r.path().join("a.txt")).unwrap();
-        std::os::unix::fs::symlink("gone.txt", r.path().join("a.txt")).unwrap();
-        let d = diff_against_base(r.path(), &base).unwrap();
+        let root = tempfile::tempdir().unwrap();
+        let wt = root.path().join("task-6");
+        prepare_worktree(r.path(), &base, 6, None, &wt, None).unwrap();
+        std::fs::remove_file(wt.join("a.txt")).unwrap();
+        std::os::unix::fs::symlink("gone.txt", wt.join("a.txt")).unwrap();
+        let d = diff_against_base(r.path(), &wt, "taskbridge/task-6", &base).unwrap();
         let got: Vec<(&str, &str)> =
             d.files.iter().map(|f| (f.path.as_str(), f.status.as_str())).collect();
         assert_eq!(got, vec![("a.txt", "typechange")]);
@@ -1653,7 +1738,8 @@ pub(crate) mod tests {
         let two = root.path().join("task-2");
         let p = prepare_worktree(r.path(), &base, 2, None, &two, None).unwrap();
         assert_eq!((p.branch.as_str(), p.repairs.len()), ("taskbridge/task-2", 0), "{p:?}");
-        assert!(opens(&one) && opens(&two));
+        let common = common_dir(r.path()).unwrap();
+        assert!(opens(&common, &one) && opens(&common, &two));
         assert_eq!(registration_names(r.path()), vec!["taskbridge-task-1", "taskbridge-task-2"]);
         // Each is reused by its own task, on the branch it recorded, and by no other.
         let again = prepare_worktree(r.path(), &base, 1, Some("taskbridge/task-1"), &one, None);
@@ -1664,7 +1750,8 @@ pub(crate) mod tests {
             wrong.created && wrong.dir != two,
             "task 2's worktree is stepped around: {wrong:?}"
         );
-        assert!(opens(&two) && head_branch(&two).as_deref() == Some("taskbridge/task-2"));
+        assert!(opens(&common, &two));
+        assert_eq!(head_branch(r.path(), &two).as_deref(), Some("taskbridge/task-2"));
     }
 
     #[test]
@@ -1685,7 +1772,8 @@ pub(crate) mod tests {
         assert!(p.repairs.iter().any(|m| m.ends_with("registration 'task-5'")), "{p:?}");
         assert!(p.repairs.iter().any(|m| m.ends_with("registration 'taskbridge-task-5'")), "{p:?}");
         assert_eq!(registration_names(r.path()), vec!["taskbridge-task-5"], "the task's own");
-        assert!(opens(&wt) && head_branch(&wt).as_deref() == Some("taskbridge/task-5"));
+        assert!(opens(&common_dir(r.path()).unwrap(), &wt));
+        assert_eq!(head_branch(r.path(), &wt).as_deref(), Some("taskbridge/task-5"));
     }
 
     #[test]
