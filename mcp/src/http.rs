@@ -3,6 +3,7 @@
 //! token. Both answer before the request body is read.
 
 use crate::error::{Error, Result};
+use crate::shed::{Limits, Peer, Shedding, Table};
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::Next;
@@ -208,12 +209,10 @@ impl IntoResponse for Refusal {
 }
 
 async fn guard(State(g): State<Arc<Guard>>, req: Request, next: Next) -> Response {
+    let caller = req.extensions().get::<axum::extract::ConnectInfo<Peer>>().map(|c| c.0.clone());
     if let Err(r) = g.check(req.headers()) {
         if r == Refusal::Unauthorized {
-            let peer = req
-                .extensions()
-                .get::<axum::extract::ConnectInfo<SocketAddr>>()
-                .map_or(std::net::IpAddr::from([0, 0, 0, 0]), |c| c.0.ip());
+            let peer = caller.map_or(std::net::IpAddr::from([0, 0, 0, 0]), |c| c.addr.ip());
             let (count, wait) = g.failures.record(peer);
             // Never the token given: a near miss of the real one would be in the log.
             if count == 1 || count.is_power_of_two() || wait.is_none() {
@@ -224,6 +223,10 @@ async fn guard(State(g): State<Arc<Guard>>, req: Request, next: Next) -> Respons
             }
         }
         return r.into_response();
+    }
+    // The connection showed the token: it is no longer one to shed first (`crate::shed`).
+    if let Some(c) = caller {
+        c.conn.trust();
     }
     let is_delete = req.method() == axum::http::Method::DELETE;
     let mut resp = next.run(req).await;
@@ -295,7 +298,8 @@ async fn serve_guarded(
         failures: Failures::default(),
     });
     let app = app.layer(axum::middleware::from_fn_with_state(g, guard));
-    axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
+    let listener = Shedding::new(listener, Table::new(Limits::of_this_process()));
+    axum::serve(listener, app.into_make_service_with_connect_info::<Peer>())
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await
         .map_err(|e| Error::Serve(e.to_string()))

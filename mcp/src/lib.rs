@@ -17,6 +17,7 @@ pub mod params;
 pub mod replies;
 pub mod server;
 pub mod sessions;
+pub mod shed;
 pub mod task_args;
 mod task_ext;
 pub mod tools;

@@ -388,3 +388,99 @@ fn no_secret_is_in_any_command_line_or_in_what_the_agents_commands_see() {
         assert!(!ps.contains(password) && !ps.contains(token), "task {id}: a secret in ps");
     }
 }
+
+/// Half-sent requests, one more header line every 5 s, as many as the descriptors allow, from
+/// another user; reconnecting whatever the server closes, as an attacker would.
+const SLOWLORIS: &str = r#"
+import socket, sys, time
+port = int(sys.argv[1])
+def one():
+    s = socket.create_connection(('127.0.0.1', port), timeout=2)
+    s.sendall(b'POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n')
+    return s
+socks = []
+for _ in range(1100):
+    try:
+        socks.append(one())
+    except OSError:
+        pass
+print('open', len(socks), flush=True)
+end = time.time() + 30
+while time.time() < end:
+    time.sleep(5)
+    alive = []
+    for s in socks:
+        try:
+            s.sendall(b'X-Slow: 1\r\n')
+            alive.append(s)
+        except OSError:
+            try:
+                alive.append(one())
+            except OSError:
+                pass
+    socks = alive
+print('done', flush=True)
+"#;
+
+/// `initialize` with the right token, as a client that gives up after 2 s; the status.
+fn answered_within_2s(p: u16, token: &str) -> Result<u16, String> {
+    use std::io::{Read, Write};
+    let limit = std::time::Duration::from_secs(2);
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], p));
+    let mut s = std::net::TcpStream::connect_timeout(&addr, limit).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(limit)).unwrap();
+    s.set_write_timeout(Some(limit)).unwrap();
+    write!(
+        s,
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{p}\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{INITIALIZE}",
+        INITIALIZE.len()
+    )
+    .map_err(|e| e.to_string())?;
+    let mut head = [0u8; 12];
+    s.read_exact(&mut head).map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&head);
+    text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).ok_or(text.into_owned())
+}
+
+#[test]
+#[ignore = "needs root, to run the flood as another user (runuser); .ci/run runs it"]
+fn a_slowloris_flood_from_another_user_keeps_neither_the_token_nor_the_worker_out() {
+    use crate::support::mock_anthropic::{MockAnthropic, Turn};
+    use std::io::BufRead;
+    let mock = MockAnthropic::spawn(vec![
+        Turn::bash("echo greeting > hello.txt"),
+        result_turn("Greeted during the flood."),
+    ]);
+    let env = Env::new().with_mock(&mock);
+    // The server and its worker under a 1,024 descriptor limit.
+    let mut cmd = std::process::Command::new("prlimit");
+    cmd.args(["--nofile=1024:1024", "--"]).arg(bin());
+    cmd.args(["serve", "--listen", "127.0.0.1:0"]).current_dir(&env.repo).env_clear();
+    cmd.envs(env.env_vars());
+    let (_server, p, _) = start_http(&mut cmd);
+    let token = env.token();
+    // The flood, as `nobody`, with descriptors enough for all of it.
+    let mut flood = std::process::Command::new("prlimit")
+        .args(["--nofile=4096:4096", "--", "runuser", "-u", "nobody", "--", "python3", "-c"])
+        .arg(SLOWLORIS)
+        .arg(p.to_string())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut said = std::io::BufReader::new(flood.stdout.take().unwrap()).lines();
+    let opened = said.next().unwrap().unwrap();
+    let n: usize = opened.strip_prefix("open ").unwrap().parse().unwrap();
+    assert!(n >= 1000, "the flood opened {n} connections");
+    // A task submitted meanwhile runs; the right token is answered, again and again.
+    let id = env.submit(&["Greet during the flood"]);
+    for round in 0..4 {
+        assert_eq!(answered_within_2s(p, &token), Ok(200), "round {round} of the flood");
+        std::thread::sleep(std::time::Duration::from_secs(3));
+    }
+    let t = env.wait_status(id, "done", std::time::Duration::from_secs(120));
+    assert_eq!(touched_paths(&t), ["hello.txt"], "{t:#}");
+    assert_eq!(said.next().unwrap().unwrap(), "done", "the flood ran to its end");
+    flood.wait().unwrap();
+    // And after it, too.
+    assert_eq!(answered_within_2s(p, &token), Ok(200));
+}

@@ -333,7 +333,26 @@ impl Worker {
     ) -> std::result::Result<Option<PathBuf>, Outcome> {
         // Here: the repository is on this host and has the task's base (another host's clone at
         // the same path may not have it yet; then the remote is the way).
-        let opened = git2::Repository::open(&task.repo).ok();
+        let opened = match git2::Repository::open(&task.repo) {
+            Ok(r) => Some(r),
+            // Out of descriptors or memory, a disk error: the repository may well be here, and
+            // saying it is not would send the user the wrong way.
+            Err(e)
+                if e.class() == git2::ErrorClass::Os && e.code() != git2::ErrorCode::NotFound =>
+            {
+                return Err(Outcome::Failed {
+                    error: format!(
+                        "could not open the repository {} ({}); another attempt follows",
+                        task.repo,
+                        e.message()
+                    ),
+                    kind: queue::FailureKind::Repository,
+                    result: None,
+                    backoff_s: self.backoff(task.attempts),
+                });
+            }
+            Err(_) => None,
+        };
         let here = opened.as_ref().is_some_and(|r| {
             git2::Oid::from_str(&task.base).is_ok_and(|oid| r.find_commit(oid).is_ok())
         });
