@@ -76,6 +76,9 @@ pub fn cancel_on_signal(token: CancellationToken) {
 }
 
 pub async fn long_running(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode> {
+    if matches!(command, Command::Worker(_) | Command::Serve(_) | Command::Tui(_)) {
+        refuse_a_damaged_database(&ctx)?;
+    }
     let shutdown = CancellationToken::new();
     cancel_on_signal(shutdown.clone());
     match command {
@@ -118,6 +121,22 @@ pub async fn long_running(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode
         _ => anyhow::bail!("internal: not a long-running command"),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A worker (or a server with one) does not start on a damaged SQLite file: it would fail every
+/// claim, and what it wrote could make the damage worse. It says what is wrong and the fix
+/// (`doctor` finds the same), after killing the OpenCode servers that dead workers left
+/// running, which needs no database. A database that cannot be reached at all is the worker's
+/// to wait out (it backs off until it can claim again).
+fn refuse_a_damaged_database(ctx: &Ctx) -> anyhow::Result<()> {
+    let detail = match ctx.store.quick_check() {
+        Ok(r) if r == "ok" => return Ok(()),
+        Ok(damage) => format!("quick_check: {damage}"),
+        Err(queue::Error::Corrupt { detail, .. }) => detail,
+        Err(_) => return Ok(()),
+    };
+    worker::reap_orphaned_servers(&ctx.home);
+    Err(queue::Error::Corrupt { path: ctx.store.location().to_string(), detail }.into())
 }
 
 /// `worker --metrics-listen`: `/metrics` alone, bound before the worker starts so that a bad

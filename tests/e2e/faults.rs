@@ -416,7 +416,10 @@ fn the_log_is_rotated_by_size_keeping_a_few_private_files() {
 
 /// A queue with a few tasks whose database file then has some of its pages overwritten.
 fn damaged_queue() -> (Env, PathBuf) {
-    let env = Env::new();
+    damage(Env::new())
+}
+
+fn damage(env: Env) -> (Env, PathBuf) {
     let long = "x".repeat(3000);
     for i in 0..30 {
         env.submit(&[&format!("Task {i}: {long}"), "--title", &format!("Task {i}")]);
@@ -448,6 +451,35 @@ fn a_damaged_database_is_named_with_how_to_recover_and_doctor_finds_it() {
     let text = String::from_utf8_lossy(&doctor.stdout);
     assert!(text.contains(&format!("FAIL  database {} is damaged", db.display())), "{text}");
     assert!(text.contains("sqlite3 '") && text.contains(".recovered"), "{text}");
+}
+
+#[test]
+fn a_worker_on_a_damaged_database_refuses_to_start_and_still_kills_a_dead_workers_server() {
+    let mock = MockAnthropic::spawn(vec![result_block("Done before the crash.")]);
+    let env = Env::new().with_mock(&mock);
+    let worker = env.start_worker_with(1, &["--opencode", "serve"]);
+    let id = env.submit(&["Start the warm server"]);
+    env.wait_status(id, "done", Duration::from_secs(120));
+    let server = server_pid(&env).expect("the warm server's pid file");
+    assert!(pid_alive(server));
+    // The worker is killed (its server outlives it), and then the file is damaged.
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(worker.pid() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    drop(worker);
+    let (env, db) = damage(env);
+    for command in [&["worker"][..], &["serve", "--listen", "127.0.0.1:0"]] {
+        let out = env.run(command);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{command:?} started: {err}");
+        assert!(err.contains(&format!("the database {} is damaged", db.display())), "{err}");
+        assert!(err.contains(".recover"), "the fix: {err}");
+    }
+    assert!(
+        eventually(Duration::from_secs(10), || !worker::process::pid_alive(server.into())),
+        "the dead worker's OpenCode server was killed"
+    );
 }
 
 #[test]

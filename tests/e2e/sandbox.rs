@@ -55,6 +55,7 @@ try() {{ if eval "$2" >/dev/null 2>&1; then echo "$1=through"; else echo "$1=den
 try redirect "echo x > {out}/redirected"
 try symlink "echo x > esc/through-the-link"
 try database "cat {db}"
+try agent_config "echo x > {config}/opencode/agent-wrote"
 if [ "$1" = net ]; then
   try loopback "bash -c 'exec 3<>/dev/tcp/127.0.0.1/{port}'"
   try elsewhere "timeout 5 bash -c 'exec 3<>/dev/tcp/10.255.255.1/80'"
@@ -63,7 +64,9 @@ try inside "echo greeting > hello.txt"
 "#,
             out = outside.display(),
             db = db.display(),
+            config = env.oc_home.join(".config").display(),
         );
+        std::fs::create_dir_all(env.oc_home.join(".config/opencode")).unwrap();
         std::fs::write(env.repo.join("probe.sh"), script).unwrap();
         std::os::unix::fs::symlink(&outside, env.repo.join("esc")).unwrap();
         git(&env.repo, &["add", "."]);
@@ -122,7 +125,7 @@ fn walls_hold(env: &Env, probe: &Probe, agent: &str, requests: &dyn Fn() -> Vec<
     let t = finished(env, plain);
     assert_eq!(t["status"], "done", "{t:#}\nlog:\n{}", env.log(plain));
     let sent = requests();
-    for attempt in ["redirect", "symlink", "database"] {
+    for attempt in ["redirect", "symlink", "database", "agent_config"] {
         assert_eq!(said(&sent, attempt), "denied", "{agent}: {attempt}\nlog:\n{}", env.log(plain));
     }
     assert_eq!(said(&sent, "inside"), "through", "{agent}: the worktree stays writable");
@@ -144,7 +147,9 @@ fn walls_hold(env: &Env, probe: &Probe, agent: &str, requests: &dyn Fn() -> Vec<
     // Done: the agent still reached its model through the worker's proxy, after the probe.
     assert_eq!(t["status"], "done", "{t:#}\nlog:\n{}", env.log(walled));
     let sent = requests();
-    for attempt in ["redirect", "symlink", "database", "loopback", "elsewhere", "inside"] {
+    for attempt in
+        ["redirect", "symlink", "database", "agent_config", "loopback", "elsewhere", "inside"]
+    {
         let log = env.log(walled);
         assert_eq!(said_last(&sent, attempt), "denied", "{agent}: {attempt}\nlog:\n{log}");
     }
@@ -167,8 +172,15 @@ fn opencodes_warm_server_and_its_commands_stay_inside_the_wall() {
     ]);
     let mut env = Env::new().with_mock(&mock);
     let probe = Probe::commit(&mut env);
+    // OpenCode made its data directory itself, readable by everyone (its transcripts).
+    let data = env.oc_home.join(".local/share/opencode");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::set_permissions(&data, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let _worker = env.start_worker_with(1, &["--opencode", "serve"]);
     walls_hold(&env, &probe, "opencode", &|| mock.requests());
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&data).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o700, "OpenCode's transcripts are the user's alone");
     // What doctor says holds, on the same machine.
     let out = env.cmd().arg("doctor").output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);

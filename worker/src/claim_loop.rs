@@ -172,6 +172,7 @@ impl Worker {
         let slots = Arc::new(Semaphore::new(self.cfg.concurrency.max(1)));
         let mut runs = tokio::task::JoinSet::new();
         tracing::info!(worker = %self.id, concurrency = self.cfg.concurrency, "worker started");
+        let mut failing = ClaimFailures::default();
         loop {
             let permit = tokio::select! {
                 p = slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
@@ -179,10 +180,18 @@ impl Worker {
             };
             let (id, host, lease) = (self.id.clone(), self.host.clone(), self.cfg.lease);
             let claimed = match self.blocking(move |s| s.claim_next(&id, &host, lease)).await {
-                Ok(c) => c,
+                Ok(c) => {
+                    failing.recovered();
+                    c
+                }
                 Err(e) => {
-                    tracing::error!(error = %e, "claiming a task failed; retrying in 1 s");
-                    None
+                    drop(permit);
+                    let wait = failing.failed(&e);
+                    tokio::select! {
+                        _ = tokio::time::sleep(wait) => {}
+                        _ = shutdown.cancelled() => break,
+                    }
+                    continue;
                 }
             };
             match claimed {
@@ -518,5 +527,53 @@ fn describe(o: &Outcome) -> String {
         Outcome::Waiting { question, .. } => format!("the agent asks: {question}"),
         Outcome::Cancelled { .. } => "cancelled".into(),
         Outcome::Released => "released back to the queue (worker shutting down)".into(),
+    }
+}
+
+/// Claims that keep failing (a database that went away, or is damaged): one line when it
+/// starts, and again only when the reason changes, and a wait that doubles up to a minute,
+/// rather than a line a second.
+#[derive(Default)]
+struct ClaimFailures {
+    last: Option<String>,
+    wait: Duration,
+}
+
+impl ClaimFailures {
+    const FIRST: Duration = Duration::from_secs(1);
+    const MOST: Duration = Duration::from_secs(60);
+
+    /// How long to wait before the next claim.
+    fn failed(&mut self, e: &crate::Error) -> Duration {
+        let why = e.to_string();
+        if self.last.as_deref() != Some(why.as_str()) {
+            tracing::error!(error = %why, "claiming tasks fails; trying again less and less often (at most every minute) until it works");
+            self.last = Some(why);
+        }
+        self.wait = if self.wait.is_zero() { Self::FIRST } else { (self.wait * 2).min(Self::MOST) };
+        self.wait
+    }
+
+    fn recovered(&mut self) {
+        if self.last.take().is_some() {
+            tracing::info!("claiming tasks works again");
+        }
+        self.wait = Duration::ZERO;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failing_claims_wait_longer_and_longer_up_to_a_minute_and_start_over_once_they_work() {
+        let mut f = ClaimFailures::default();
+        let e = crate::Error::Config("the database went away".into());
+        let waits: Vec<u64> = (0..9).map(|_| f.failed(&e).as_secs()).collect();
+        assert_eq!(waits, [1, 2, 4, 8, 16, 32, 60, 60, 60]);
+        assert_eq!(f.last.as_deref(), Some("the database went away"));
+        f.recovered();
+        assert_eq!((f.last.clone(), f.failed(&e).as_secs()), (None, 1));
     }
 }

@@ -63,6 +63,12 @@ mod verify;
 
 pub use claim_loop::{RunningWorker, Worker};
 pub use clear::clear_finished;
+
+/// Kills the OpenCode servers of workers on this host that died, as far as their pid files
+/// tell without the database (a worker that cannot open it still cleans up after the dead).
+pub fn reap_orphaned_servers(home: &queue::Home) {
+    agent::opencode_serve::kill_orphaned_servers(home, |_| true);
+}
 pub use config::{OpenCodeMode, RepoConfig, SandboxConfig, WorkerConfig, hostname};
 pub use error::{Error, Result};
 pub use events::RunLog;

@@ -188,21 +188,15 @@ impl AgentKind {
 
     /// Where its CLI keeps its own state (sessions, caches, logs, settings it rewrites): the
     /// directories, then the files, the sandbox lets it write besides the task's own.
+    /// OpenCode's configuration directory is not among them: it reads it, and what an agent
+    /// wrote there (a plugin, an instruction) would go on in the user's own OpenCode.
     pub fn state_paths(self, env: &queue::Environment) -> (Vec<PathBuf>, Vec<PathBuf>) {
         let home = env.home_dir();
-        let xdg = |var: &str, under: &str| {
-            let base = env.path(var).or_else(|| home.as_ref().map(|h| h.join(under)));
-            base.map(|d| d.join("opencode"))
-        };
         match self {
             AgentKind::OpenCode => {
-                let dirs = [
-                    xdg("XDG_DATA_HOME", ".local/share"),
-                    xdg("XDG_CACHE_HOME", ".cache"),
-                    xdg("XDG_STATE_HOME", ".local/state"),
-                    xdg("XDG_CONFIG_HOME", ".config"),
-                ];
-                (dirs.into_iter().flatten().collect(), vec![])
+                let mut dirs = self.private_paths(env);
+                dirs.extend(opencode_dir(env, "XDG_CACHE_HOME", ".cache"));
+                (dirs, vec![])
             }
             AgentKind::ClaudeCode => match env.path("CLAUDE_CONFIG_DIR") {
                 Some(dir) => (vec![dir], vec![]),
@@ -220,6 +214,20 @@ impl AgentKind {
                 let daemon = uid.ok().map(|uid| PathBuf::from(format!("/tmp/codex-daemon-{uid}")));
                 (dir.into_iter().chain(daemon).collect(), vec![])
             }
+        }
+    }
+
+    /// The directories of its state that hold its transcripts (what the agent was told, what
+    /// its commands printed): the worker keeps them private to the user (0700).
+    pub fn private_paths(self, env: &queue::Environment) -> Vec<PathBuf> {
+        match self {
+            AgentKind::OpenCode => {
+                [("XDG_DATA_HOME", ".local/share"), ("XDG_STATE_HOME", ".local/state")]
+                    .into_iter()
+                    .filter_map(|(var, under)| opencode_dir(env, var, under))
+                    .collect()
+            }
+            AgentKind::ClaudeCode | AgentKind::Codex => vec![],
         }
     }
 
@@ -247,6 +255,12 @@ pub fn model_for(kind: AgentKind, model: &str) -> String {
         | (AgentKind::Codex, Some(("openai", m))) => m.to_owned(),
         _ => model.to_owned(),
     }
+}
+
+/// `<$var or ~/under>/opencode`: one of OpenCode's XDG directories.
+fn opencode_dir(env: &queue::Environment, var: &str, under: &str) -> Option<PathBuf> {
+    let base = env.path(var).or_else(|| env.home_dir().map(|h| h.join(under)));
+    base.map(|d| d.join("opencode"))
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ use crate::logs::TaskLog;
 use crate::sandbox::proxy::{Host, Proxy};
 use crate::sandbox::{Held, Kernel, Mode, Policy, Rule, Wall};
 use queue::{Outcome, Task};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -226,9 +227,16 @@ impl Worker {
     pub(crate) fn common_writes(&self, kind: AgentKind) -> std::io::Result<Vec<PathBuf>> {
         let (dirs, files) = kind.state_paths(&self.cfg.env);
         for d in dirs.iter().filter(|d| !d.exists()) {
-            // Private when made here: an agent keeps its sessions there. One the user made is
-            // left as it is.
+            // Private when made here: an agent keeps its sessions there.
             queue::create_private_dir(d).map_err(std::io::Error::other)?;
+        }
+        for d in kind.private_paths(&self.cfg.env) {
+            // Made by the agent itself (outside the wall, with its umask): its transcripts hold
+            // whatever a command printed, the environment included.
+            if std::fs::metadata(&d).is_ok_and(|m| m.permissions().mode() & 0o077 != 0) {
+                tracing::warn!(dir = %d.display(), "the agent's transcripts were readable by others; now 0700");
+                queue::create_private_dir(&d).map_err(std::io::Error::other)?;
+            }
         }
         let mut write = dirs;
         write.extend(files);

@@ -199,7 +199,16 @@ impl ServeAgent {
         if let Some(dir) = self.pid_file.parent() {
             let _ = std::fs::create_dir_all(dir);
         }
-        let _ = std::fs::write(&self.pid_file, json!({"pid": pid, "started": started}).to_string());
+        // With the worker's own pid, so a later worker can tell this server is an orphan without
+        // the database (which may be what killed this one).
+        let me = i64::from(std::process::id());
+        let record = json!({
+            "pid": pid,
+            "started": started,
+            "worker_pid": me,
+            "worker_started": crate::process::process_start_time(me),
+        });
+        let _ = std::fs::write(&self.pid_file, record.to_string());
         tracing::info!(port, pid, "OpenCode server started");
         Ok(Running { child, pid: pid as i32, tree, port, generation: 0 })
     }
@@ -250,8 +259,21 @@ fn remove_spares(list: &Path) {
     let _ = std::fs::remove_file(list);
 }
 
+/// Whether the worker that wrote a server's pid file still runs, from the file alone: `None`
+/// for a file that does not say (one written before it did).
+fn worker_alive(record: &Value) -> Option<bool> {
+    let pid = record["worker_pid"].as_i64()?;
+    let started = record["worker_started"].as_str();
+    Some(
+        crate::process::pid_alive(pid)
+            && crate::process::process_start_time(pid).as_deref() == started,
+    )
+}
+
 /// Kills the OpenCode servers that workers on this host left behind when they died, from their
-/// pid files; `alive` says whether a worker (by its file name) still runs.
+/// pid files; `alive` says whether a worker (by its file name) still runs, for a file that does
+/// not name its worker's pid (or, with the database out of reach, `|_| true`: kill only what
+/// is known to be orphaned).
 pub fn kill_orphaned_servers(home: &queue::Home, alive: impl Fn(&str) -> bool) {
     let dir = home.root().join("servers");
     let Ok(entries) = std::fs::read_dir(&dir) else { return };
@@ -266,13 +288,15 @@ pub fn kill_orphaned_servers(home: &queue::Home, alive: impl Fn(&str) -> bool) {
         // `<worker>@<wall>.json`; a worker before walls named its one server `<worker>.json`.
         let stem = file.trim_end_matches(".json");
         let name = stem.split('@').next().unwrap_or(stem).to_owned();
-        if alive(&name) {
+        let record = std::fs::read_to_string(e.path())
+            .ok()
+            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+            .unwrap_or_default();
+        if worker_alive(&record).unwrap_or_else(|| alive(&name)) {
             continue;
         }
-        if let Ok(text) = std::fs::read_to_string(e.path())
-            && let Ok(v) = serde_json::from_str::<Value>(&text)
-            && let Some(pid) = v["pid"].as_i64()
-            && crate::process::kill_orphan(pid, v["started"].as_str())
+        if let Some(pid) = record["pid"].as_i64()
+            && crate::process::kill_orphan(pid, record["started"].as_str())
         {
             tracing::warn!(pid, "killed the OpenCode server of a dead worker");
         }
