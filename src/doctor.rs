@@ -57,21 +57,19 @@ fn sandbox(ctx: &Ctx) -> Check {
     use worker::sandbox::{Kernel, Mode};
     let mode = ctx.config.worker.sandbox.mode;
     let kernel = Kernel::probe();
-    // Namespaces would be a second way to take the network away; the TCP rules are the one
-    // used, and the line says so rather than leave a reader wondering.
-    let namespaces = std::fs::read_to_string("/proc/sys/user/max_user_namespaces")
-        .is_ok_and(|n| n.trim().parse::<u64>().is_ok_and(|n| n > 0));
-    let line = format!(
-        "sandbox ({}): {}; user and network namespaces {} (not used: Landlock's TCP rules hold \
-         --no-network)",
-        mode.as_str(),
-        kernel.describe(),
-        if namespaces { "available" } else { "not available" }
-    );
+    // `describe` names the mechanism that holds --no-network: a network namespace where this
+    // user may make one, else Landlock's TCP rules, which hold the proxy's port only.
+    let line = format!("sandbox ({}): {}", mode.as_str(), kernel.describe());
     match (mode, kernel.walls(), kernel.tcp_rules()) {
         (Mode::Off, ..) => warn(
             "sandbox: off; agents keep to the worktree only as far as they honour their rules",
             "set [sandbox] mode = \"enforce\" in the config file (the default)",
+        ),
+        (_, true, true) if !kernel.network_namespaces => warn(
+            line,
+            "--no-network holds the proxy's port, not its address: other addresses on that port \
+             and UDP stay open. Allow user namespaces (sysctl user.max_user_namespaces, or \
+             kernel.unprivileged_userns_clone=1) or run the worker as root",
         ),
         (_, true, true) => ok(line),
         (Mode::Enforce, true, false) => warn(

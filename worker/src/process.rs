@@ -263,7 +263,7 @@ pub async fn run_agent(
     on_spawn: impl FnOnce(i64, Option<String>),
     on_step: &mut (dyn FnMut(&RunLog) + Send),
 ) -> std::io::Result<AgentExit> {
-    let mut child = spawn(&cmd)?;
+    let (mut child, _forwarding) = spawn(&cmd)?;
     let pid = child.id().map(i64::from).unwrap_or(0);
     on_spawn(pid, process_start_time(pid));
     let mut tree = ProcessTree::new(i32::try_from(pid).unwrap_or(0));
@@ -341,14 +341,18 @@ pub async fn run_agent(
 
 /// The agent's process, in a process group of its own, without TaskBridge's secrets, inside
 /// its wall when it has one.
-fn spawn(cmd: &AgentCommand) -> std::io::Result<tokio::process::Child> {
+/// With the forwarding out of its network namespace, which must live as long as it does.
+fn spawn(
+    cmd: &AgentCommand,
+) -> std::io::Result<(tokio::process::Child, Option<crate::sandbox::netns::Forwarding>)> {
     let mut child = Command::new(&cmd.program);
     for var in SECRET_ENV {
         child.env_remove(var);
     }
-    if let Some(wall) = &cmd.wall {
-        wall.raise(&mut child);
-    }
+    let link = match &cmd.wall {
+        Some(wall) => wall.raise(&mut child, false)?,
+        None => None,
+    };
     crate::sandbox::adopt_orphans(&mut child);
     child
         .args(&cmd.args)
@@ -360,8 +364,10 @@ fn spawn(cmd: &AgentCommand) -> std::io::Result<tokio::process::Child> {
         .process_group(0)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
+        .stderr(Stdio::piped());
+    let spawned = child.spawn()?;
+    let forwarding = link.map(|l| l.forward()).transpose()?;
+    Ok((spawned, forwarding))
 }
 
 /// Everything for stdin goes through one writer task, so a prompt larger than the pipe never

@@ -18,6 +18,7 @@
 
 #![allow(unsafe_code)]
 
+pub mod netns;
 pub mod proxy;
 
 use landlock::{
@@ -67,6 +68,8 @@ impl Mode {
 pub struct Kernel {
     /// The Landlock ABI version, 0 when Landlock is missing or disabled.
     pub landlock_abi: i32,
+    /// This user can give an agent a network namespace of its own ([`netns`]).
+    pub network_namespaces: bool,
 }
 
 /// The first ABI with TCP rules.
@@ -89,7 +92,10 @@ impl Kernel {
                     1u32,
                 )
             };
-            Kernel { landlock_abi: i32::try_from(v).unwrap_or(0).max(0) }
+            Kernel {
+                landlock_abi: i32::try_from(v).unwrap_or(0).max(0),
+                network_namespaces: netns::available(),
+            }
         })
     }
 
@@ -139,8 +145,12 @@ impl Kernel {
             return "no Landlock on this kernel: agents run without a wall".to_owned();
         }
         let mut held = vec!["writes outside the worktree", "reads of the queue and its token"];
-        if self.tcp_rules() {
-            held.push("TCP for --no-network");
+        match (self.tcp_rules(), self.network_namespaces) {
+            (_, true) => {
+                held.push("--no-network by address (a network namespace with only loopback)")
+            }
+            (true, false) => held.push("TCP for --no-network (by port: no network namespace here)"),
+            (false, false) => {}
         }
         if self.landlock_abi >= SCOPE_ABI {
             held.push("signals and abstract sockets out of the wall");
@@ -202,6 +212,8 @@ pub struct Held {
     pub missing: Option<String>,
     /// The wall was the warm server's, around every worktree of the task's repository.
     pub repository: bool,
+    /// The agent ran in a network namespace with only loopback (see [`netns`]).
+    pub namespace: bool,
 }
 
 impl Held {
@@ -209,10 +221,16 @@ impl Held {
     pub fn by_kernel(&self, network: bool) -> Option<String> {
         let abi = self.abi?;
         match network {
+            true if self.network && self.namespace => Some(format!(
+                "enforced by the kernel (a network namespace with only loopback, and Landlock \
+                 ABI {abi} TCP rules): the agent reaches only the worker's proxy, which forwards \
+                 to the model provider's hosts and nowhere else; no other address, no UDP out"
+            )),
             true if self.network => Some(format!(
                 "enforced by the kernel (Landlock ABI {abi}, TCP rules): the agent may connect \
-                 only to the worker's proxy, which forwards to the model provider's hosts and \
-                 nowhere else; UDP and Unix sockets are not held by this ABI"
+                 only to the worker's proxy's port, which forwards to the model provider's hosts \
+                 and nowhere else; other addresses on that port, UDP and Unix sockets are not \
+                 held (this host gives no network namespace)"
             )),
             true => None,
             false => Some(format!("enforced by the kernel (Landlock ABI {abi})")),
@@ -226,6 +244,8 @@ pub struct Wall {
     fd: OwnedFd,
     abi: i32,
     network: bool,
+    /// The proxy's port, when the agent runs in a network namespace of its own ([`netns`]).
+    namespace: Option<u16>,
 }
 
 /// Why a wall could not be built.
@@ -291,21 +311,40 @@ impl Wall {
         }
         let fd: Option<OwnedFd> = created.into();
         let fd = fd.ok_or_else(|| WallError("the kernel made no ruleset".into()))?;
-        Ok(Wall { fd, abi: kernel.landlock_abi, network })
+        let namespace = match &policy.connect_only {
+            Some(ports) if kernel.network_namespaces => ports.first().copied(),
+            _ => None,
+        };
+        Ok(Wall { fd, abi: kernel.landlock_abi, network, namespace })
     }
 
     /// Has `cmd`'s child raise the wall before it runs the program. What the child then
-    /// starts stays inside.
-    pub fn raise(self: &std::sync::Arc<Self>, cmd: &mut tokio::process::Command) {
+    /// starts stays inside. Without network, first the namespace: the returned link forwards
+    /// it to the proxy once the child runs ([`netns::Link::forward`]).
+    /// `inbound`: the worker will also call a server the child runs ([`netns::Link::expose`]).
+    pub fn raise(
+        self: &std::sync::Arc<Self>,
+        cmd: &mut tokio::process::Command,
+        inbound: bool,
+    ) -> std::io::Result<Option<std::sync::Arc<netns::Link>>> {
+        let link = match self.namespace {
+            Some(port) => {
+                let link = std::sync::Arc::new(netns::Link::new(port, inbound)?);
+                link.prepare(cmd);
+                Some(link)
+            }
+            None => None,
+        };
         let wall = self.clone();
         // SAFETY: the closure runs between fork and exec, and only makes two system calls on
         // an fd the parent keeps open (the Arc holds it); it allocates nothing.
         unsafe {
             cmd.pre_exec(move || wall.restrict_self());
         }
+        Ok(link)
     }
 
-    /// The same as [`Wall::raise`] for a `std` command.
+    /// The same as [`Wall::raise`] for a `std` command (no network namespace).
     pub fn raise_std(self: &std::sync::Arc<Self>, cmd: &mut std::process::Command) {
         use std::os::unix::process::CommandExt;
         let wall = self.clone();
@@ -337,6 +376,11 @@ impl Wall {
     /// Whether the wall also holds the network.
     pub fn network(&self) -> bool {
         self.network
+    }
+
+    /// Whether the agent runs in a network namespace with only loopback.
+    pub fn namespace(&self) -> bool {
+        self.namespace.is_some()
     }
 }
 
@@ -441,6 +485,9 @@ mod tests {
         let held = Held { abi: Some(7), network: true, ..Held::default() };
         assert_eq!(held.by_kernel(false).unwrap(), "enforced by the kernel (Landlock ABI 7)");
         assert!(held.by_kernel(true).unwrap().contains("TCP rules"));
+        assert!(held.by_kernel(true).unwrap().contains("not held"), "by port only");
+        let netns = Held { namespace: true, ..held.clone() };
+        assert!(netns.by_kernel(true).unwrap().contains("network namespace with only loopback"));
         let fs_only = Held { network: false, ..held.clone() };
         assert_eq!(fs_only.by_kernel(true), None);
         assert_eq!(Held::default().by_kernel(false), None);
@@ -457,17 +504,24 @@ mod tests {
 
     #[test]
     fn a_kernel_without_landlock_or_tcp_rules_says_what_it_cannot_hold() {
-        let none = Kernel { landlock_abi: 0 };
+        let none = Kernel { landlock_abi: 0, network_namespaces: false };
         let readonly = none.cannot_hold(Rule::Readonly).unwrap();
         assert!(readonly.contains("no Landlock") && readonly.contains("read-only task"));
         assert!(none.cannot_hold(Rule::NoNetwork).unwrap().contains("a task without network"));
-        let old = Kernel { landlock_abi: 3 };
+        let old = Kernel { landlock_abi: 3, network_namespaces: false };
         assert_eq!(old.cannot_hold(Rule::Readonly), None);
         let e = old.cannot_hold(Rule::NoNetwork).unwrap();
         assert!(e.contains("ABI 3") && e.contains("ABI 4"), "{e}");
-        assert_eq!(Kernel { landlock_abi: 4 }.cannot_hold(Rule::NoNetwork), None);
-        assert!(Kernel { landlock_abi: 6 }.describe().contains("signals"));
-        assert!(!Kernel { landlock_abi: 5 }.describe().contains("signals"));
+        assert_eq!(
+            Kernel { landlock_abi: 4, network_namespaces: false }.cannot_hold(Rule::NoNetwork),
+            None
+        );
+        assert!(
+            Kernel { landlock_abi: 6, network_namespaces: false }.describe().contains("signals")
+        );
+        assert!(
+            !Kernel { landlock_abi: 5, network_namespaces: false }.describe().contains("signals")
+        );
         assert!(!old.describe().contains("TCP"));
     }
 
@@ -531,7 +585,7 @@ mod tests {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let mut cmd = tokio::process::Command::new("sh");
         cmd.arg("-c").arg(format!("echo x > {}/tokio.txt", elsewhere.display()));
-        wall.raise(&mut cmd);
+        let _link = wall.raise(&mut cmd, false).unwrap();
         let status = rt.block_on(async { cmd.status().await.unwrap() });
         assert!(!status.success() && !elsewhere.join("tokio.txt").exists());
         let fs_only = Wall::build(&Policy { write: vec![work.clone()], ..Policy::default() });
@@ -552,5 +606,60 @@ mod tests {
         let (ok, out) = sh(&wall, &work, &connect(closed_port));
         assert!(!ok && out.contains("Permission denied"), "{out}");
         drop(listener);
+    }
+
+    #[test]
+    fn without_network_the_agent_reaches_the_proxys_address_and_no_other() {
+        let kernel = Kernel::probe();
+        // A kernel or user that cannot make the namespace fails here, saying so, never skips.
+        assert!(kernel.tcp_rules() && kernel.network_namespaces, "{}", kernel.describe());
+        let work = tempfile::tempdir().unwrap();
+        let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            // The stand-in proxy, and a listener on another loopback address at the same port.
+            let proxy = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let port = proxy.local_addr().unwrap().port();
+            let other = std::net::TcpListener::bind(("127.0.0.2", port)).unwrap();
+            other.set_nonblocking(true).unwrap();
+            tokio::spawn(async move {
+                use tokio::io::AsyncWriteExt;
+                while let Ok((mut s, _)) = proxy.accept().await {
+                    let _ = s.write_all(b"the proxy\n").await;
+                }
+            });
+            let policy = Policy {
+                write: vec![work.path().to_path_buf()],
+                connect_only: Some(vec![port]),
+                ..Policy::default()
+            };
+            let wall = std::sync::Arc::new(Wall::build(&policy).unwrap());
+            assert!(wall.namespace() && wall.network());
+            let script = format!(
+                r#"
+import socket
+def attempt(name, f):
+    try:
+        print(name + "=" + str(f()))
+    except OSError as e:
+        print(name + "=denied " + e.strerror)
+attempt("proxy", lambda: socket.create_connection(("127.0.0.1", {port}), timeout=5).makefile().readline().strip())
+attempt("other_address", lambda: socket.create_connection(("127.0.0.2", {port}), timeout=5) and "through")
+attempt("udp", lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b"x", ("10.255.255.1", 53)) and "through")
+"#
+            );
+            let mut cmd = tokio::process::Command::new("python3");
+            cmd.args(["-c", &script]).current_dir(work.path());
+            cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+            let link = wall.raise(&mut cmd, false).unwrap().expect("a namespace without network");
+            let child = cmd.spawn().unwrap();
+            let _forwarding = link.forward().unwrap();
+            let out = child.wait_with_output().await.unwrap();
+            let text = String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr);
+            assert!(text.contains("proxy=the proxy"), "{text}");
+            assert!(text.contains("other_address=denied"), "{text}");
+            assert!(text.contains("udp=denied"), "{text}");
+            assert!(other.accept().is_err(), "nothing reached 127.0.0.2 on the proxy's port");
+        });
     }
 }

@@ -348,7 +348,7 @@ mod tests {
     fn a_rule_the_kernel_cannot_hold_is_refused_when_enforced_and_warned_otherwise() {
         let mut spec = TaskSpec::new("p", "/r", "b");
         spec.no_network = true;
-        let old = Kernel { landlock_abi: 3 };
+        let old = Kernel { landlock_abi: 3, network_namespaces: false };
         let e = check_sandbox(&spec, Mode::Enforce, old).unwrap_err().to_string();
         assert!(
             e.contains("refused no_network") && e.contains("ABI 3") && e.contains("warn"),
@@ -358,11 +358,17 @@ mod tests {
         assert!(w.len() == 1 && w[0].starts_with("no_network is held by the agent"), "{w:?}");
         assert!(check_sandbox(&spec, Mode::Off, old).unwrap().is_empty());
         assert!(
-            check_sandbox(&spec, Mode::Enforce, Kernel { landlock_abi: 4 }).unwrap().is_empty()
+            check_sandbox(
+                &spec,
+                Mode::Enforce,
+                Kernel { landlock_abi: 4, network_namespaces: false }
+            )
+            .unwrap()
+            .is_empty()
         );
         spec.no_network = false;
         spec.readonly = true;
-        let none = Kernel { landlock_abi: 0 };
+        let none = Kernel { landlock_abi: 0, network_namespaces: false };
         assert!(
             check_sandbox(&spec, Mode::Enforce, none)
                 .unwrap_err()

@@ -123,13 +123,22 @@ impl Worker {
         let built = tokio::task::spawn_blocking(move || Wall::build(&policy)).await;
         match built {
             Ok(Ok(wall)) => {
-                let held =
-                    Held { abi: Some(wall.abi()), network: wall.network(), ..Held::default() };
+                let held = Held {
+                    abi: Some(wall.abi()),
+                    network: wall.network(),
+                    namespace: wall.namespace(),
+                    ..Held::default()
+                };
                 log.line(&format!(
                     "sandbox: Landlock ABI {}, writes only in the worktree{}{}",
                     wall.abi(),
                     if task.readonly { " (itself read-only)" } else { "" },
-                    if task.no_network { ", no network but the model provider" } else { "" }
+                    match (task.no_network, wall.namespace()) {
+                        (true, true) =>
+                            ", no network but the model provider (a network namespace of its own)",
+                        (true, false) => ", no network but the model provider",
+                        _ => "",
+                    }
                 ));
                 Ok(Walled { wall: Some(Arc::new(wall)), env, held, server: None })
             }

@@ -26,6 +26,9 @@ pub(super) struct Running {
     pub(super) port: u16,
     /// Counts the servers this worker started: a request parked on an earlier one is gone.
     pub(super) generation: u64,
+    /// Out of its network namespace to the proxy and into it from the worker, for a server
+    /// without network.
+    _forwarding: Vec<crate::sandbox::netns::Forwarding>,
 }
 
 /// An OpenCode plugin that blanks the warm server's password in the environment of every
@@ -134,9 +137,10 @@ impl ServeAgent {
         for var in crate::process::SECRET_ENV {
             child.env_remove(var);
         }
-        if let Some(wall) = &self.wall {
-            wall.raise(&mut child);
-        }
+        let link = match &self.wall {
+            Some(wall) => wall.raise(&mut child, true)?,
+            None => None,
+        };
         crate::sandbox::adopt_orphans(&mut child);
         let mut child = child
             .args(["serve", "--port", &port.to_string(), "--hostname", "127.0.0.1"])
@@ -150,6 +154,16 @@ impl ServeAgent {
             .stderr(Stdio::piped())
             .kill_on_drop(true)
             .spawn()?;
+        // Without network the server is in a namespace of its own: out of it to the proxy, and
+        // into it from a port of the host's, which is the one the worker calls.
+        let (port, forwarding) = match link {
+            Some(link) => {
+                let out = link.forward()?;
+                let (outside, inward) = link.expose(port).await?;
+                (outside, vec![out, inward])
+            }
+            None => (port, vec![]),
+        };
         let pid = child.id().map(i64::from).unwrap_or(0);
         let mut out =
             BufReader::new(child.stdout.take().ok_or_else(|| io_err("no stdout"))?).lines();
@@ -210,7 +224,7 @@ impl ServeAgent {
         });
         let _ = std::fs::write(&self.pid_file, record.to_string());
         tracing::info!(port, pid, "OpenCode server started");
-        Ok(Running { child, pid: pid as i32, tree, port, generation: 0 })
+        Ok(Running { child, pid: pid as i32, tree, port, generation: 0, _forwarding: forwarding })
     }
 
     /// The Landlock ABI of the server's wall, when it has one.
