@@ -385,4 +385,67 @@ mod tests {
         t.admit_at(ip(3), busy + IDLE_TIMEOUT).unwrap();
         assert!(good.evict.is_cancelled(), "idle past the limit");
     }
+
+    #[test]
+    fn the_sweep_closes_what_is_overdue_without_a_new_connection() {
+        let t = Table::new(Limits { total: 10, per_peer: 10 });
+        let now = Instant::now();
+        let Some(long_ago) = now.checked_sub(HEADER_TIMEOUT + Duration::from_secs(1)) else {
+            return; // a machine up for less than the timeout has no such past
+        };
+        let slow = t.admit_at(ip(1), long_ago).unwrap();
+        let fresh = t.admit_at(ip(1), now).unwrap();
+        t.sweep();
+        assert!(slow.evict.is_cancelled() && !fresh.evict.is_cancelled());
+        assert_eq!(t.counts(), (1, 0));
+    }
+
+    #[test]
+    fn activity_is_stamped_when_it_happens() {
+        let t = Table::new(Limits { total: 10, per_peer: 10 });
+        let c = t.admit_at(ip(1), Instant::now()).unwrap();
+        // Time passes (at least 5 ms), then the connection reads or writes.
+        std::thread::sleep(Duration::from_millis(5));
+        c.touch();
+        assert!(c.idle(c.since + IDLE_TIMEOUT) < IDLE_TIMEOUT, "stamped after it opened");
+    }
+
+    #[tokio::test]
+    async fn a_shed_connection_fails_its_reads_and_writes_and_a_closed_one_gives_its_place_back() {
+        use axum::serve::Listener as _;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let inner = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = inner.local_addr().unwrap();
+        let table = Table::new(Limits { total: 2, per_peer: 2 });
+        let mut listener = Shedding::new(inner, table.clone());
+        let mut c1 = TcpStream::connect(addr).await.unwrap();
+        let (mut t1, p1) = listener.accept().await;
+        let mut c2 = TcpStream::connect(addr).await.unwrap();
+        let (mut t2, p2) = listener.accept().await;
+        assert_eq!(p2.addr.ip(), ip(1));
+        p2.conn.trust();
+        // Bytes go both ways through a tracked stream, and its end reaches the peer.
+        c1.write_all(b"hi").await.unwrap();
+        let mut got = [0u8; 2];
+        t1.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"hi");
+        t1.write_all(b"yo").await.unwrap();
+        t1.flush().await.unwrap();
+        c1.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"yo");
+        t2.shutdown().await.unwrap();
+        let eof = tokio::time::timeout(Duration::from_secs(5), c2.read(&mut got)).await;
+        assert_eq!(eof.unwrap().unwrap(), 0, "the peer sees the end");
+        // A third connection takes the place of the oldest pending one, the first.
+        let _c3 = TcpStream::connect(addr).await.unwrap();
+        let (_t3, _) = listener.accept().await;
+        assert!(p1.conn.evict.is_cancelled());
+        let read = t1.read(&mut got).await.unwrap_err();
+        assert_eq!(read.kind(), std::io::ErrorKind::ConnectionAborted);
+        let write = t1.write(b"x").await.unwrap_err();
+        assert_eq!(write.kind(), std::io::ErrorKind::ConnectionAborted);
+        assert_eq!(table.counts(), (2, 1));
+        drop(t2);
+        assert_eq!(table.counts(), (1, 0), "a dropped stream gives its place back");
+    }
 }

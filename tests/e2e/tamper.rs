@@ -121,3 +121,32 @@ echo FORGED-$((6*7))"#,
     assert_eq!(git_out(&repo, &["symbolic-ref", "HEAD"]), "refs/heads/main");
     assert_eq!(std::fs::read_to_string(outside.join(".bashrc")).unwrap(), "# the user's own\n");
 }
+
+/// `[verify]` runs the agent's code (here a check script it rewrote) after its turn: inside the
+/// task's wall, like the agent, never outside it.
+#[test]
+fn the_checks_run_the_agents_code_inside_its_wall() {
+    let mut env = Env::new();
+    env.scratch_writable = false;
+    let outside = env.dir.path().join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    std::fs::write(env.repo.join(".taskbridge.toml"), "[verify]\ncommands = [\"sh check.sh\"]\n")
+        .unwrap();
+    std::fs::write(env.repo.join("check.sh"), "echo checked\n").unwrap();
+    git(&env.repo, &["add", "."]);
+    git(&env.repo, &["commit", "-qm", "a check"]);
+    let rewrite = format!(
+        "printf 'echo x > {}/pwned && echo escaped || echo held; exit 0\\n' > check.sh",
+        outside.display()
+    );
+    let mock = MockAnthropic::spawn(vec![Turn::bash(&rewrite), result_turn("Rewrote the check.")]);
+    env = env.with_mock(&mock);
+    let _worker = env.start_worker_with(1, &["--opencode", "serve"]);
+    let id = env.submit(&["Rewrite the check"]);
+    let t = ended(&env, id);
+    assert_eq!(t["status"], "done", "{t:#}\nlog:\n{}", env.log(id));
+    let check = &t["result"]["verification"][0];
+    assert_eq!(check["command"], "sh check.sh", "{t:#}");
+    assert!(check["output_tail"].as_str().unwrap().contains("held"), "{check:#}");
+    assert!(!outside.join("pwned").exists(), "the check wrote outside the worktree");
+}

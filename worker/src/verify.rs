@@ -40,32 +40,55 @@ impl Default for VerifyConfig {
     }
 }
 
+/// Where the checks run: the task's wall and the environment that goes with it (its TMPDIR,
+/// the proxy). They run the agent's code (its tests, its build scripts), so never outside the
+/// wall the agent had; `None` only where the agent had none either.
+#[derive(Clone, Default)]
+pub struct Confined {
+    pub wall: Option<std::sync::Arc<crate::sandbox::Wall>>,
+    pub env: Vec<(String, String)>,
+}
+
 /// Runs the checks in order (stopping at the first failure), logging each. Returns what ran
 /// and the failure, if any.
 pub async fn run_checks(
     dir: &Path,
     cfg: &VerifyConfig,
     round: u32,
+    confined: &Confined,
     log: &mut TaskLog,
 ) -> (Vec<result::Check>, Option<result::Check>) {
     let mut out = Vec::new();
     for cmd in &cfg.commands {
         log.line(&format!("verify: $ {cmd}"));
         let started = std::time::Instant::now();
-        let child = tokio::process::Command::new("sh")
-            .arg("-c")
-            .arg(format!("{cmd} 2>&1"))
-            .current_dir(dir)
-            .env("PWD", dir)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
-            .process_group(0)
-            .kill_on_drop(true)
-            .spawn();
+        let mut command = tokio::process::Command::new("sh");
+        for var in process::SECRET_ENV {
+            command.env_remove(var);
+        }
+        let link = match &confined.wall {
+            Some(wall) => wall.raise(&mut command, false),
+            None => Ok(None),
+        };
+        crate::sandbox::adopt_orphans(&mut command);
+        let child = link.and_then(|link| {
+            command
+                .envs(confined.env.iter().map(|(k, v)| (k, v)))
+                .arg("-c")
+                .arg(format!("{cmd} 2>&1"))
+                .current_dir(dir)
+                .env("PWD", dir)
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::null())
+                .process_group(0)
+                .kill_on_drop(true)
+                .spawn()
+                .and_then(|child| Ok((child, link.map(|l| l.forward()).transpose()?)))
+        });
         let (exit_code, output) = match child {
             Err(e) => (Some(127), format!("could not start: {e}")),
-            Ok(child) => {
+            Ok((child, _forwarding)) => {
                 let pid = child.id();
                 match tokio::time::timeout(
                     Duration::from_secs(cfg.timeout_s),

@@ -217,6 +217,17 @@ impl AgentKind {
         }
     }
 
+    /// Its configuration directories, which it reads and the wall keeps it from writing: made
+    /// here when missing (0700), since OpenCode does not start where it cannot make its own.
+    pub fn config_paths(self, env: &queue::Environment) -> Vec<PathBuf> {
+        match self {
+            AgentKind::OpenCode => {
+                opencode_dir(env, "XDG_CONFIG_HOME", ".config").into_iter().collect()
+            }
+            AgentKind::ClaudeCode | AgentKind::Codex => vec![],
+        }
+    }
+
     /// The directories of its state that hold its transcripts (what the agent was told, what
     /// its commands printed): the worker keeps them private to the user (0700).
     pub fn private_paths(self, env: &queue::Environment) -> Vec<PathBuf> {

@@ -36,8 +36,14 @@ impl Worker {
         attempt: &crate::trace::Attempt,
     ) -> Stage<TaskResult> {
         let (task, id) = (run.task, run.task.id);
+        // The checks are the user's: read from the commit the task was submitted on, never from
+        // one the agents made (a dependency's work this task is stacked on).
         let verify =
-            RepoConfig::at(Path::new(&task.repo), &run.start).map(|c| c.verify).unwrap_or_default();
+            RepoConfig::at(Path::new(&task.repo), &task.base).map(|c| c.verify).unwrap_or_default();
+        let confined = match verify.commands.is_empty() {
+            true => crate::verify::Confined::default(),
+            false => self.confined(run).await?,
+        };
         let mut verification: Vec<Check> = Vec::new();
         let mut round = 0u32;
         loop {
@@ -59,7 +65,8 @@ impl Worker {
             }
             round += 1;
             let mut span = attempt.step("verify");
-            let (checks, failed) = crate::verify::run_checks(&run.dir, &verify, round, log).await;
+            let (checks, failed) =
+                crate::verify::run_checks(&run.dir, &verify, round, &confined, log).await;
             if let Some(f) = &failed {
                 span.failed(&format!("`{}` failed", f.command));
             }

@@ -147,6 +147,34 @@ impl Worker {
         }
     }
 
+    /// Where `[verify]`'s checks run, which run the agent's code: in the agent's own wall when
+    /// it had one of its own (a process-per-turn agent, a server of the task's own); on the
+    /// repository's warm server, in a wall of the task's own, made now as for a per-turn agent;
+    /// without one only where the agent had none either.
+    pub(super) async fn confined(&self, run: &Run<'_>) -> Stage<crate::verify::Confined> {
+        let walled = &run.walled;
+        if let Some(wall) = &walled.wall {
+            return Ok(crate::verify::Confined {
+                wall: Some(wall.clone()),
+                env: walled.env.clone(),
+            });
+        }
+        if walled.held.abi.is_none() {
+            return Ok(crate::verify::Confined::default());
+        }
+        let tmp = task_tmp(&self.home, run.task);
+        let policy = self.policy(run, &tmp, None).map_err(|e| self.wall_failed(run.task, e))?;
+        let built = tokio::task::spawn_blocking(move || Wall::build(&policy)).await;
+        match built {
+            Ok(Ok(wall)) => Ok(crate::verify::Confined {
+                wall: Some(Arc::new(wall)),
+                env: vec![("TMPDIR".to_owned(), tmp.display().to_string())],
+            }),
+            Ok(Err(e)) => Err(self.wall_failed(run.task, e.to_string())),
+            Err(e) => Err(self.wall_failed(run.task, e.to_string())),
+        }
+    }
+
     /// Whether the task runs on its repository's warm server: its rules are the server's (it
     /// may write its worktree and use the network) and its worktree is among the repository's.
     fn shares_repository_server(&self, run: &Run<'_>) -> bool {
@@ -235,7 +263,8 @@ impl Worker {
     /// configuration adds.
     pub(crate) fn common_writes(&self, kind: AgentKind) -> std::io::Result<Vec<PathBuf>> {
         let (dirs, files) = kind.state_paths(&self.cfg.env);
-        for d in dirs.iter().filter(|d| !d.exists()) {
+        let config = kind.config_paths(&self.cfg.env);
+        for d in dirs.iter().chain(&config).filter(|d| !d.exists()) {
             // Private when made here: an agent keeps its sessions there.
             queue::create_private_dir(d).map_err(std::io::Error::other)?;
         }

@@ -77,7 +77,7 @@ impl Worker {
         };
         self.blocking(move |s| s.record_run(id, token, facts)).await?;
         if prepared.created
-            && let Some(error) = self.setup(task, &start, &dir, log).await
+            && let Some(error) = self.setup(task, &dir, log).await
         {
             let backoff_s = self.backoff(task.attempts);
             return Err(Outcome::Failed {
@@ -280,15 +280,10 @@ impl Worker {
     }
 
     /// Runs the repository's set-up commands in a new worktree. Returns an error message if one
-    /// fails.
-    async fn setup(
-        &self,
-        task: &Task,
-        start: &str,
-        dir: &Path,
-        log: &mut TaskLog,
-    ) -> Option<String> {
-        let cfg = match RepoConfig::at(Path::new(&task.repo), start) {
+    /// fails. They run outside the wall (they install, they fetch), so they are read from the
+    /// commit the task was submitted on, never from the work of the agents it is stacked on.
+    async fn setup(&self, task: &Task, dir: &Path, log: &mut TaskLog) -> Option<String> {
+        let cfg = match RepoConfig::at(Path::new(&task.repo), &task.base) {
             Ok(c) => c,
             Err(e) => return Some(e),
         };
