@@ -393,11 +393,25 @@ mod tests {
         let Some(long_ago) = now.checked_sub(HEADER_TIMEOUT + Duration::from_secs(1)) else {
             return; // a machine up for less than the timeout has no such past
         };
-        let slow = t.admit_at(ip(1), long_ago).unwrap();
         let fresh = t.admit_at(ip(1), now).unwrap();
+        let slow = t.admit_at(ip(1), long_ago).unwrap();
+        assert!(!slow.evict.is_cancelled(), "not shed by its own admission");
         t.sweep();
         assert!(slow.evict.is_cancelled() && !fresh.evict.is_cancelled());
         assert_eq!(t.counts(), (1, 0));
+    }
+
+    #[test]
+    fn out_of_descriptors_the_oldest_pending_connection_goes() {
+        let t = Table::new(Limits { total: 10, per_peer: 10 });
+        let now = Instant::now();
+        let trusted = t.admit_at(ip(1), now).unwrap();
+        trusted.trust();
+        let (old, young) = (t.admit_at(ip(2), now).unwrap(), t.admit_at(ip(3), now).unwrap());
+        t.shed_one_pending();
+        assert!(old.evict.is_cancelled());
+        assert!(!young.evict.is_cancelled() && !trusted.evict.is_cancelled());
+        assert_eq!(t.counts(), (2, 1));
     }
 
     #[test]

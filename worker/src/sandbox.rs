@@ -588,8 +588,10 @@ mod tests {
         let _link = wall.raise(&mut cmd, false).unwrap();
         let status = rt.block_on(async { cmd.status().await.unwrap() });
         assert!(!status.success() && !elsewhere.join("tokio.txt").exists());
-        let fs_only = Wall::build(&Policy { write: vec![work.clone()], ..Policy::default() });
-        assert!(!fs_only.unwrap().network(), "no TCP rules without connect_only");
+        let fs_only =
+            Wall::build(&Policy { write: vec![work.clone()], ..Policy::default() }).unwrap();
+        assert!(!fs_only.network(), "no TCP rules without connect_only");
+        assert!(!fs_only.namespace(), "no network namespace without connect_only");
         assert!(
             !elsewhere.join("out.txt").exists() && !elsewhere.join("through-link.txt").exists()
         );
@@ -661,5 +663,24 @@ attempt("udp", lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b
             assert!(text.contains("udp=denied"), "{text}");
             assert!(other.accept().is_err(), "nothing reached 127.0.0.2 on the proxy's port");
         });
+    }
+
+    #[test]
+    fn a_command_that_detaches_stays_below_the_process_that_adopts_orphans() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        // A subshell starts a command in a session of its own and exits: the command is
+        // orphaned, and the shell that adopts orphans is its parent now, not PID 1.
+        let mut cmd = tokio::process::Command::new("sh");
+        cmd.args([
+            "-c",
+            "( setsid sleep 30 & echo $! > /dev/shm/.tb-adopt-$$ ); \
+             p=$(cat /dev/shm/.tb-adopt-$$); rm -f /dev/shm/.tb-adopt-$$; \
+             echo \"$$ $(cut -d' ' -f4 /proc/$p/stat)\"; kill -9 $p",
+        ]);
+        adopt_orphans(&mut cmd);
+        let out = rt.block_on(async { cmd.output().await }).unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let (shell, parent) = text.trim().split_once(' ').unwrap();
+        assert_eq!(parent, shell, "the orphan's parent: {text}");
     }
 }

@@ -449,6 +449,9 @@ git symbolic-ref HEAD refs/heads/taskbridge/task-5; printf 'gitdir: %s/.fg\n' $W
         is_tampered(super::super::commit_all(rp, &w.wt, BRANCH, "m"), "HEAD is on branch main");
         std::fs::write(admin.join("HEAD"), "garbage\n").unwrap();
         is_tampered(Checkout::open(rp, &w.wt).map(|_| ()), "HEAD holds 'garbage'");
+        // A short hexadecimal name git would take as an abbreviation is no commit of ours.
+        std::fs::write(admin.join("HEAD"), "abcdef\n").unwrap();
+        is_tampered(Checkout::open(rp, &w.wt).map(|_| ()), "HEAD holds 'abcdef'");
         assert_eq!(snapshot(rp, &[rp]), before);
     }
 
@@ -515,6 +518,11 @@ git symbolic-ref HEAD refs/heads/taskbridge/task-5; printf 'gitdir: %s/.fg\n' $W
             .unwrap()
             .stdout;
         assert_eq!(String::from_utf8(status).unwrap(), "");
+        // An index that is a directory is no index git made.
+        std::fs::remove_file(admin.join("index")).unwrap();
+        std::fs::create_dir(admin.join("index")).unwrap();
+        is_tampered(super::super::commit_all(rp, &w.wt, BRANCH, "m"), "is a directory");
+        std::fs::remove_dir(admin.join("index")).unwrap();
     }
 
     #[test]

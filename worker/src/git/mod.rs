@@ -1611,6 +1611,14 @@ pub(crate) mod tests {
         assert!(err.contains("checked out in") && err.contains("a.txt"), "{err}");
         assert_eq!(head_of(r.path(), "release"), base);
         git(&linked, &["checkout", "-q", "a.txt"]);
+        // A configuration of the worktree's own (which could name another working directory)
+        // is not followed: the merge refuses and changes nothing.
+        let own_config = r.path().join(".git/worktrees/release/config.worktree");
+        std::fs::write(&own_config, "[core]\n\tworktree = /elsewhere\n").unwrap();
+        let err = merge_into(r.path(), &work, "release", false, "merge").unwrap_err();
+        assert!(err.contains("tampered") && err.contains("configuration of its own"), "{err}");
+        assert_eq!(head_of(r.path(), "release"), base);
+        std::fs::remove_file(&own_config).unwrap();
         let m = merge_into(r.path(), &work, "release", false, "merge").unwrap();
         assert_eq!(m.how, "fast-forward");
         assert!(m.checkout.is_some_and(|p| same_path(&p, &linked)));

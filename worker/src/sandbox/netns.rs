@@ -265,28 +265,10 @@ fn isolate(port: u16, chan: RawFd, maps: &Maps, inbound: bool) -> io::Result<()>
         // The proxy's address inside.
         let l = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
         check(l)?;
-        let mut addr: libc::sockaddr_in = std::mem::zeroed();
-        addr.sin_family = libc::AF_INET as libc::sa_family_t;
-        addr.sin_port = port.to_be();
-        addr.sin_addr.s_addr = u32::from_be_bytes([127, 0, 0, 1]).to_be();
-        let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        let (addr, len) = loopback(port);
         check(libc::bind(l, (&raw const addr).cast(), len))?;
         check(libc::listen(l, 128))?;
-        // Sent to the worker: one byte, with the socket as SCM_RIGHTS.
-        let mut byte = [1u8];
-        let mut iov = libc::iovec { iov_base: byte.as_mut_ptr().cast(), iov_len: 1 };
-        let mut control = [0u64; 4];
-        let mut msg: libc::msghdr = std::mem::zeroed();
-        msg.msg_iov = &raw mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) as _;
-        let cmsg = libc::CMSG_FIRSTHDR(&raw const msg);
-        (*cmsg).cmsg_level = libc::SOL_SOCKET;
-        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-        (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
-        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>(), l);
-        let sent = libc::sendmsg(chan, &raw const msg, 0);
+        let sent = send(chan, Some(l));
         libc::close(l);
         if sent < 0 {
             return Err(io::Error::last_os_error());
@@ -300,6 +282,40 @@ fn isolate(port: u16, chan: RawFd, maps: &Maps, inbound: bool) -> io::Result<()>
         }
     }
     Ok(())
+}
+
+/// `127.0.0.1:port` as the kernel takes it, and its length.
+fn loopback(port: u16) -> (libc::sockaddr_in, libc::socklen_t) {
+    // SAFETY: an all-zero sockaddr_in is a valid value of it.
+    let mut addr: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    addr.sin_family = libc::AF_INET as libc::sa_family_t;
+    addr.sin_port = port.to_be();
+    addr.sin_addr.s_addr = u32::from_be_bytes([127, 0, 0, 1]).to_be();
+    (addr, std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t)
+}
+
+/// Sends one byte on `chan`, with `fd` (when given) as SCM_RIGHTS; what sendmsg returns.
+fn send(chan: RawFd, fd: Option<RawFd>) -> isize {
+    // SAFETY: the message and its control buffer live on this frame for the call; the control
+    // buffer is aligned (u64) and has room for one descriptor's header and data.
+    unsafe {
+        let mut byte = [u8::from(fd.is_some())];
+        let mut iov = libc::iovec { iov_base: byte.as_mut_ptr().cast(), iov_len: 1 };
+        let mut control = [0u64; 4];
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &raw mut iov;
+        msg.msg_iovlen = 1;
+        if let Some(fd) = fd {
+            msg.msg_control = control.as_mut_ptr().cast();
+            msg.msg_controllen = libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) as _;
+            let cmsg = libc::CMSG_FIRSTHDR(&raw const msg);
+            (*cmsg).cmsg_level = libc::SOL_SOCKET;
+            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+            (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
+            std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>(), fd);
+        }
+        libc::sendmsg(chan, &raw const msg, 0)
+    }
 }
 
 /// The helper left in the namespace: for each port the worker sends, a socket connected to it
@@ -323,28 +339,9 @@ unsafe fn helper(chan: RawFd) -> ! {
                 libc::_exit(0);
             }
             let s = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
-            let mut addr: libc::sockaddr_in = std::mem::zeroed();
-            addr.sin_family = libc::AF_INET as libc::sa_family_t;
-            addr.sin_port = u16::from_be_bytes(port).to_be();
-            addr.sin_addr.s_addr = u32::from_be_bytes([127, 0, 0, 1]).to_be();
-            let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            let (addr, len) = loopback(u16::from_be_bytes(port));
             let connected = s >= 0 && libc::connect(s, (&raw const addr).cast(), len) == 0;
-            let mut byte = [u8::from(connected)];
-            let mut iov = libc::iovec { iov_base: byte.as_mut_ptr().cast(), iov_len: 1 };
-            let mut control = [0u64; 4];
-            let mut msg: libc::msghdr = std::mem::zeroed();
-            msg.msg_iov = &raw mut iov;
-            msg.msg_iovlen = 1;
-            if connected {
-                msg.msg_control = control.as_mut_ptr().cast();
-                msg.msg_controllen = libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) as _;
-                let cmsg = libc::CMSG_FIRSTHDR(&raw const msg);
-                (*cmsg).cmsg_level = libc::SOL_SOCKET;
-                (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-                (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
-                std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>(), s);
-            }
-            let sent = libc::sendmsg(chan, &raw const msg, 0);
+            let sent = send(chan, connected.then_some(s));
             if s >= 0 {
                 libc::close(s);
             }
@@ -352,5 +349,78 @@ unsafe fn helper(chan: RawFd) -> ! {
                 libc::_exit(0);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    /// A namespace made for a python server on `port` inside it, the user mapped through a
+    /// user namespace (as for a worker that is not root) or not.
+    async fn server_inside(userns: bool) -> (tokio::process::Child, Arc<Link>, u16) {
+        let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        // The proxy's port (the child binds it inside for the way out) and the server's.
+        let (proxy, port) = (free().port(), free().port());
+        let mut link = Link::new(proxy, true).unwrap();
+        link.maps.root = link.maps.root && !userns;
+        let link = Arc::new(link);
+        let mut cmd = tokio::process::Command::new("python3");
+        let serve = format!(
+            "import socket\ns = socket.socket()\ns.bind(('127.0.0.1', {port}))\ns.listen()\n\
+             while True:\n    c, _ = s.accept()\n    c.sendall(b'inside\\n')\n    c.close()\n"
+        );
+        cmd.args(["-c", &serve]).kill_on_drop(true);
+        link.prepare(&mut cmd);
+        (cmd.spawn().unwrap(), link, port)
+    }
+
+    async fn read_line(port: u16) -> std::io::Result<String> {
+        use tokio::io::AsyncReadExt;
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+        let mut text = String::new();
+        s.read_to_string(&mut text).await?;
+        Ok(text)
+    }
+
+    /// The server inside, reached from the host through the helper; the host's own loopback
+    /// at the same port is not it; the way in closes with its guard.
+    async fn reached_from_outside(userns: bool) {
+        let (_child, link, port) = server_inside(userns).await;
+        // The listener the child bound for the proxy arrived (it was sent before the exec).
+        let _out = link.forward().unwrap();
+        let (outside, inward) = link.expose(port).await.unwrap();
+        let mut got = String::new();
+        for _ in 0..200 {
+            match read_line(outside).await {
+                Ok(text) if !text.is_empty() => {
+                    got = text;
+                    break;
+                }
+                _ => tokio::time::sleep(std::time::Duration::from_millis(25)).await,
+            }
+        }
+        assert_eq!(got, "inside\n", "userns: {userns}");
+        assert!(read_line(port).await.is_err(), "nothing listens at that port on the host");
+        drop(inward);
+        tokio::task::yield_now().await;
+        let after =
+            tokio::time::timeout(std::time::Duration::from_secs(5), read_line(outside)).await;
+        assert!(
+            !matches!(after, Ok(Ok(ref t)) if !t.is_empty()),
+            "closed with its guard: {after:?}"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_server_in_the_namespace_is_reached_through_the_helper() {
+        assert!(available(), "this kernel and user can make a network namespace");
+        reached_from_outside(false).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn through_a_user_namespace_too_as_for_a_worker_that_is_not_root() {
+        reached_from_outside(true).await;
     }
 }

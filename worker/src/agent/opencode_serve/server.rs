@@ -377,6 +377,17 @@ mod tests {
         std::fs::write(servers.join("dead@demo-1a2b3c4d.json"), r#"{"pid": 2147483000}"#).unwrap();
         std::fs::write(servers.join("alive.json"), r#"{"pid": 2147483000}"#).unwrap();
         std::fs::write(servers.join("alive@task-7.json"), r#"{"pid": 2147483000}"#).unwrap();
+        // Files that name their worker's pid say themselves whether it lives, whatever the
+        // database (`alive`) says: this process lives; a pid that runs nothing does not; nor
+        // does this process's pid with another start time (a pid reused).
+        let me = std::process::id();
+        let started = crate::process::process_start_time(me.into()).unwrap();
+        let says = |pid: u32, started: &str| {
+            json!({"pid": 2147483000, "worker_pid": pid, "worker_started": started}).to_string()
+        };
+        std::fs::write(servers.join("dead@own.json"), says(me, &started)).unwrap();
+        std::fs::write(servers.join("alive@gone.json"), says(2147483000, &started)).unwrap();
+        std::fs::write(servers.join("alive@reused.json"), says(me, "1")).unwrap();
         kill_orphaned_servers(&home, |name| name == "alive");
         let mut left: Vec<String> = std::fs::read_dir(&servers)
             .unwrap()
@@ -384,7 +395,10 @@ mod tests {
             .map(|e| e.file_name().to_string_lossy().into_owned())
             .collect();
         left.sort();
-        assert_eq!(left, vec!["alive.json", "alive.spares.json", "alive@task-7.json"]);
+        assert_eq!(
+            left,
+            vec!["alive.json", "alive.spares.json", "alive@task-7.json", "dead@own.json"]
+        );
         assert!(!spare.exists(), "the dead worker's detached spare is removed");
         assert!(taken.join("a.txt").exists(), "a spare a task took since is its worktree now");
     }
