@@ -330,12 +330,6 @@ pub struct Prepared {
     pub repairs: Vec<String>,
 }
 
-impl Prepared {
-    fn made(branch: String, dir: &Path) -> Prepared {
-        Prepared { branch, dir: dir.to_path_buf(), created: true, repairs: vec![] }
-    }
-}
-
 /// Why a worktree could not be prepared. `permanent` says whether another attempt could change
 /// anything: a repository that is gone or a base commit it does not have cannot be retried into
 /// working; a lock or a file system hiccup can.
@@ -874,7 +868,7 @@ pub fn reuse_worktree(
         repo.branch(&branch, &base_commit, false).map_err(transient)?;
     }
     checkout.reset_to(&branch, &base_commit)?;
-    Ok(Prepared::made(branch, dir))
+    Ok(Prepared { branch, dir: dir.to_path_buf(), created: true, repairs: vec![] })
 }
 
 /// Removes a worktree whose work is committed, and its registration; the branch stays.
