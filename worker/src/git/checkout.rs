@@ -487,6 +487,14 @@ git symbolic-ref HEAD refs/heads/taskbridge/task-5; printf 'gitdir: %s/.fg\n' $W
         is_tampered(Checkout::open(rp, &w.wt).map(|_| ()), "a directory of its own");
         std::fs::remove_dir(&dot_git).unwrap();
         std::fs::write(&dot_git, text).unwrap();
+        // The worktree moved away and a link left in its place, which would lead to it: not
+        // followed.
+        let real = w.wt.with_file_name("task-5-real");
+        std::fs::rename(&w.wt, &real).unwrap();
+        std::os::unix::fs::symlink(&real, &w.wt).unwrap();
+        is_tampered(Checkout::open(rp, &w.wt).map(|_| ()), "no longer a directory");
+        std::fs::remove_file(&w.wt).unwrap();
+        std::fs::rename(&real, &w.wt).unwrap();
         assert!(Checkout::open(rp, &w.wt).is_ok(), "as git made it again");
     }
 
