@@ -115,30 +115,35 @@ impl Link {
     /// A connection to `port` inside the namespace, made by the helper (see the module's
     /// documentation).
     fn connect_inside(&self, port: u16) -> io::Result<std::net::TcpStream> {
-        use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg, send};
+        use nix::sys::socket::{MsgFlags, send};
         let _one = self.asking.lock().unwrap_or_else(|e| e.into_inner());
         send(self.parent.as_raw_fd(), &port.to_be_bytes(), MsgFlags::empty())?;
+        let fd = self.receive_fd(MsgFlags::empty())?.ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::ConnectionRefused,
+                format!("nothing listens on port {port} in the agent's network namespace"),
+            )
+        })?;
+        Ok(std::net::TcpStream::from(fd))
+    }
+
+    /// The descriptor the other end sent with its next message, if it sent one.
+    fn receive_fd(&self, flags: nix::sys::socket::MsgFlags) -> io::Result<Option<OwnedFd>> {
+        use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
         let mut byte = [0u8; 1];
         let mut iov = [io::IoSliceMut::new(&mut byte)];
         let mut space = nix::cmsg_space!([RawFd; 1]);
-        let msg = recvmsg::<()>(
-            self.parent.as_raw_fd(),
-            &mut iov,
-            Some(&mut space),
-            MsgFlags::MSG_CMSG_CLOEXEC,
-        )?;
+        let flags = flags | MsgFlags::MSG_CMSG_CLOEXEC;
+        let msg = recvmsg::<()>(self.parent.as_raw_fd(), &mut iov, Some(&mut space), flags)?;
         for cmsg in msg.cmsgs()? {
             if let ControlMessageOwned::ScmRights(fds) = cmsg
                 && let Some(&fd) = fds.first()
             {
                 // SAFETY: the kernel just gave this process the descriptor; nothing else owns it.
-                return Ok(unsafe { std::net::TcpStream::from_raw_fd(fd) });
+                return Ok(Some(unsafe { OwnedFd::from_raw_fd(fd) }));
             }
         }
-        Err(io::Error::new(
-            io::ErrorKind::ConnectionRefused,
-            format!("nothing listens on port {port} in the agent's network namespace"),
-        ))
+        Ok(None)
     }
 
     /// A loopback port on the host that leads to `port` inside the namespace (the warm
@@ -165,27 +170,11 @@ impl Link {
 
     /// The listening socket the child sent, once it has run the agent.
     fn receive(&self) -> io::Result<std::net::TcpListener> {
-        use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
-        let mut byte = [0u8; 1];
-        let mut iov = [io::IoSliceMut::new(&mut byte)];
-        let mut space = nix::cmsg_space!([RawFd; 1]);
-        let msg = recvmsg::<()>(
-            self.parent.as_raw_fd(),
-            &mut iov,
-            Some(&mut space),
-            MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_CMSG_CLOEXEC,
-        )?;
-        for cmsg in msg.cmsgs()? {
-            if let ControlMessageOwned::ScmRights(fds) = cmsg
-                && let Some(&fd) = fds.first()
-            {
-                // SAFETY: the kernel just gave this process the descriptor; nothing else owns it.
-                let listener = unsafe { std::net::TcpListener::from_raw_fd(fd) };
-                listener.set_nonblocking(true)?;
-                return Ok(listener);
-            }
-        }
-        Err(io::Error::other("the agent's child sent no socket"))
+        let fd = self.receive_fd(nix::sys::socket::MsgFlags::MSG_DONTWAIT)?;
+        let fd = fd.ok_or_else(|| io::Error::other("the agent's child sent no socket"))?;
+        let listener = std::net::TcpListener::from(fd);
+        listener.set_nonblocking(true)?;
+        Ok(listener)
     }
 
     /// Forwards every connection the agent makes to its namespace's `127.0.0.1:<port>` to the
@@ -387,7 +376,12 @@ mod tests {
     /// The server inside, reached from the host through the helper; the host's own loopback
     /// at the same port is not it; the way in closes with its guard.
     async fn reached_from_outside(userns: bool) {
-        let (_child, link, port) = server_inside(userns).await;
+        let (child, link, port) = server_inside(userns).await;
+        // The process the worker started is the program itself, not the helper.
+        let pid = child.id().unwrap();
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+        let cmdline = String::from_utf8_lossy(&cmdline);
+        assert!(cmdline.contains("python3") && !cmdline.contains("taskbridge"), "{cmdline}");
         // The listener the child bound for the proxy arrived (it was sent before the exec).
         let _out = link.forward().unwrap();
         let (outside, inward) = link.expose(port).await.unwrap();
@@ -422,5 +416,20 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn through_a_user_namespace_too_as_for_a_worker_that_is_not_root() {
         reached_from_outside(true).await;
+    }
+
+    #[tokio::test]
+    async fn a_namespace_that_cannot_be_made_fails_the_start_saying_why() {
+        // A user map the kernel refuses (as if this user could not map itself).
+        let mut link = Link::new(0, false).unwrap();
+        link.maps.root = false;
+        let bogus = b"not a map\n";
+        link.maps.uid[..bogus.len()].copy_from_slice(bogus);
+        link.maps.uid_len = bogus.len();
+        let link = Arc::new(link);
+        let mut cmd = tokio::process::Command::new("true");
+        link.prepare(&mut cmd);
+        let err = cmd.spawn().map(|_| ()).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EINVAL), "{err}");
     }
 }
