@@ -120,28 +120,31 @@ impl Worker {
             Ok(p) => p,
             Err(e) => return Err(self.wall_failed(task, e)),
         };
-        let built = tokio::task::spawn_blocking(move || Wall::build(&policy)).await;
-        match built {
-            Ok(Ok(wall)) => {
-                let held = Held {
-                    abi: Some(wall.abi()),
-                    network: wall.network(),
-                    namespace: wall.namespace(),
-                    ..Held::default()
-                };
-                log.line(&format!(
-                    "sandbox: Landlock ABI {}, writes only in the worktree{}{}",
-                    wall.abi(),
-                    if task.readonly { " (itself read-only)" } else { "" },
-                    match (task.no_network, wall.namespace()) {
-                        (true, true) =>
-                            ", no network but the model provider (a network namespace of its own)",
-                        (true, false) => ", no network but the model provider",
-                        _ => "",
-                    }
-                ));
-                Ok(Walled { wall: Some(Arc::new(wall)), env, held, server: None })
+        let wall = self.build_wall(task, policy).await?;
+        let held = Held {
+            abi: Some(wall.abi()),
+            network: wall.network(),
+            namespace: wall.namespace(),
+            ..Held::default()
+        };
+        log.line(&format!(
+            "sandbox: Landlock ABI {}, writes only in the worktree{}{}",
+            wall.abi(),
+            if task.readonly { " (itself read-only)" } else { "" },
+            match (task.no_network, wall.namespace()) {
+                (true, true) =>
+                    ", no network but the model provider (a network namespace of its own)",
+                (true, false) => ", no network but the model provider",
+                _ => "",
             }
+        ));
+        Ok(Walled { wall: Some(Arc::new(wall)), env, held, server: None })
+    }
+
+    /// The Landlock ruleset for `policy`, built off the runtime; a failure is the run's end.
+    async fn build_wall(&self, task: &Task, policy: Policy) -> Stage<Wall> {
+        match tokio::task::spawn_blocking(move || Wall::build(&policy)).await {
+            Ok(Ok(wall)) => Ok(wall),
             Ok(Err(e)) => Err(self.wall_failed(task, e.to_string())),
             Err(e) => Err(self.wall_failed(task, e.to_string())),
         }
@@ -164,15 +167,9 @@ impl Worker {
         }
         let tmp = task_tmp(&self.home, run.task);
         let policy = self.policy(run, &tmp, None).map_err(|e| self.wall_failed(run.task, e))?;
-        let built = tokio::task::spawn_blocking(move || Wall::build(&policy)).await;
-        match built {
-            Ok(Ok(wall)) => Ok(crate::verify::Confined {
-                wall: Some(Arc::new(wall)),
-                env: vec![("TMPDIR".to_owned(), tmp.display().to_string())],
-            }),
-            Ok(Err(e)) => Err(self.wall_failed(run.task, e.to_string())),
-            Err(e) => Err(self.wall_failed(run.task, e.to_string())),
-        }
+        let wall = self.build_wall(run.task, policy).await?;
+        let env = vec![("TMPDIR".to_owned(), tmp.display().to_string())];
+        Ok(crate::verify::Confined { wall: Some(Arc::new(wall)), env })
     }
 
     /// Whether the task runs on its repository's warm server: its rules are the server's (it
