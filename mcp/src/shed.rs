@@ -13,6 +13,7 @@
 //!   the token connects, sends its request at once, and is in before a flood of pending
 //!   connections could push it out.
 
+use std::future::Future as _;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -309,8 +310,6 @@ impl AsyncWrite for Tracked {
         Pin::new(&mut self.stream).poll_shutdown(cx)
     }
 }
-
-use std::future::Future as _;
 
 #[cfg(test)]
 mod tests {

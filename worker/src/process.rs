@@ -349,11 +349,7 @@ fn spawn(
     for var in SECRET_ENV {
         child.env_remove(var);
     }
-    let link = match &cmd.wall {
-        Some(wall) => wall.raise(&mut child, false)?,
-        None => None,
-    };
-    crate::sandbox::adopt_orphans(&mut child);
+    let link = crate::sandbox::confine(&mut child, cmd.wall.as_ref(), false)?;
     child
         .args(&cmd.args)
         .current_dir(&cmd.cwd)

@@ -384,6 +384,22 @@ impl Wall {
     }
 }
 
+/// Readies `cmd` to run confined: inside `wall` when there is one (its network namespace
+/// first), adopting the processes orphaned below it. Forward the returned link once the child
+/// runs ([`netns::Link::forward`]).
+pub fn confine(
+    cmd: &mut tokio::process::Command,
+    wall: Option<&std::sync::Arc<Wall>>,
+    inbound: bool,
+) -> std::io::Result<Option<std::sync::Arc<netns::Link>>> {
+    let link = match wall {
+        Some(wall) => wall.raise(cmd, inbound)?,
+        None => None,
+    };
+    adopt_orphans(cmd);
+    Ok(link)
+}
+
 /// Has `cmd`'s child adopt every process orphaned below it (`PR_SET_CHILD_SUBREAPER`, which
 /// an exec keeps): a command that detaches itself (`setsid`, a double fork, a daemon) is
 /// reparented to the agent rather than to PID 1, so it stays in the agent's tree, where the
@@ -585,7 +601,7 @@ mod tests {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let mut cmd = tokio::process::Command::new("sh");
         cmd.arg("-c").arg(format!("echo x > {}/tokio.txt", elsewhere.display()));
-        let _link = wall.raise(&mut cmd, false).unwrap();
+        let _link = confine(&mut cmd, Some(&wall), false).unwrap();
         let status = rt.block_on(async { cmd.status().await.unwrap() });
         assert!(!status.success() && !elsewhere.join("tokio.txt").exists());
         let fs_only =
@@ -677,7 +693,7 @@ attempt("udp", lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b
              p=$(cat /dev/shm/.tb-adopt-$$); rm -f /dev/shm/.tb-adopt-$$; \
              echo \"$$ $(cut -d' ' -f4 /proc/$p/stat)\"; kill -9 $p",
         ]);
-        adopt_orphans(&mut cmd);
+        assert!(confine(&mut cmd, None, false).unwrap().is_none(), "no wall, no namespace");
         let out = rt.block_on(async { cmd.output().await }).unwrap();
         let text = String::from_utf8_lossy(&out.stdout);
         let (shell, parent) = text.trim().split_once(' ').unwrap();

@@ -62,30 +62,7 @@ pub async fn run_checks(
     for cmd in &cfg.commands {
         log.line(&format!("verify: $ {cmd}"));
         let started = std::time::Instant::now();
-        let mut command = tokio::process::Command::new("sh");
-        for var in process::SECRET_ENV {
-            command.env_remove(var);
-        }
-        let link = match &confined.wall {
-            Some(wall) => wall.raise(&mut command, false),
-            None => Ok(None),
-        };
-        crate::sandbox::adopt_orphans(&mut command);
-        let child = link.and_then(|link| {
-            command
-                .envs(confined.env.iter().map(|(k, v)| (k, v)))
-                .arg("-c")
-                .arg(format!("{cmd} 2>&1"))
-                .current_dir(dir)
-                .env("PWD", dir)
-                .stdin(std::process::Stdio::null())
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::null())
-                .process_group(0)
-                .kill_on_drop(true)
-                .spawn()
-                .and_then(|child| Ok((child, link.map(|l| l.forward()).transpose()?)))
-        });
+        let child = spawn_check(cmd, dir, confined);
         let (exit_code, output) = match child {
             Err(e) => (Some(127), format!("could not start: {e}")),
             Ok((child, _forwarding)) => {
@@ -127,6 +104,33 @@ pub async fn run_checks(
         }
     }
     (out, None)
+}
+
+/// One check's shell, confined as the agent was, with the forwarding out of its network
+/// namespace (kept as long as it runs).
+fn spawn_check(
+    cmd: &str,
+    dir: &Path,
+    confined: &Confined,
+) -> std::io::Result<(tokio::process::Child, Option<crate::sandbox::netns::Forwarding>)> {
+    let mut command = tokio::process::Command::new("sh");
+    for var in process::SECRET_ENV {
+        command.env_remove(var);
+    }
+    let link = crate::sandbox::confine(&mut command, confined.wall.as_ref(), false)?;
+    let child = command
+        .envs(confined.env.iter().map(|(k, v)| (k, v)))
+        .arg("-c")
+        .arg(format!("{cmd} 2>&1"))
+        .current_dir(dir)
+        .env("PWD", dir)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .process_group(0)
+        .kill_on_drop(true)
+        .spawn()?;
+    Ok((child, link.map(|l| l.forward()).transpose()?))
 }
 
 /// The last `lines` lines of `text`, at most `max` bytes.

@@ -137,11 +137,7 @@ impl ServeAgent {
         for var in crate::process::SECRET_ENV {
             child.env_remove(var);
         }
-        let link = match &self.wall {
-            Some(wall) => wall.raise(&mut child, true)?,
-            None => None,
-        };
-        crate::sandbox::adopt_orphans(&mut child);
+        let link = crate::sandbox::confine(&mut child, self.wall.as_ref(), true)?;
         let mut child = child
             .args(["serve", "--port", &port.to_string(), "--hostname", "127.0.0.1"])
             .envs(self.env.iter().map(|(k, v)| (k, v)))
