@@ -593,9 +593,67 @@ fn measure_answer(n: usize) -> Vec<f64> {
 /// How long the streaming mock thinks before it answers: well under what a real model takes.
 const THINKING_MS: u64 = 300;
 
+/// A registry that takes connections and never answers, the worst case OpenCode's background
+/// install of `@opencode-ai/plugin` can meet.
+fn silent_registry() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/", l.local_addr().unwrap());
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for c in l.incoming().flatten() {
+            held.push(c);
+        }
+    });
+    url
+}
+
+/// A new repository's first task on the warm server (its first in a directory: OpenCode sets
+/// up the directory, and waits for its plugin install there) beside the next task in the same
+/// repository, `n` new repositories, with npm's registry silent:
+/// `bench=agent.serve.new_repository first_done_p50_ms=.. warm_done_p50_ms=.. extra_p50_ms=..`.
+fn measure_new_repository(n: usize) {
+    let mock = MockAnthropic::spawn((0..=2 * n).map(|_| Turn::text("Done.")).collect());
+    let registry = silent_registry();
+    let env = [("NPM_CONFIG_REGISTRY_X", registry.clone()), ("npm_config_registry_x", registry)]
+        .map(|(k, v)| (k.to_owned(), v));
+    let rig = rig_with("serve", &mock, &env);
+    let run = |repo: &Path, i: usize| {
+        let t0 = Instant::now();
+        let req = worker::SubmitRequest::new(format!("Say done ({i})."), repo);
+        let (task, _) = rig.store.submit(req.resolve(repo).unwrap()).unwrap();
+        wait_until(&rig.store, task.id, "new repository", |t| t.status.is_terminal());
+        let t = rig.store.get(task.id).unwrap();
+        assert_eq!(t.status, queue::TaskStatus::Done, "{:?}", t.error);
+        t0.elapsed().as_secs_f64() * 1e3
+    };
+    // The server started, on the rig's own repository.
+    run(&rig.repo, 0);
+    let (mut first, mut warm, mut extra) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..n {
+        let repo = common::repo(rig._dir.path(), &format!("new-{i}"));
+        let (a, b) = (run(&repo, 2 * i + 1), run(&repo, 2 * i + 2));
+        first.push(a);
+        warm.push(b);
+        extra.push(a - b);
+    }
+    println!(
+        "bench=agent.serve.new_repository n={n} first_done_p50_ms={:.0} warm_done_p50_ms={:.0} \
+         extra_p50_ms={:.0} extra_max_ms={:.0}",
+        p50(&first),
+        p50(&warm),
+        p50(&extra),
+        extra.iter().cloned().fold(f64::MIN, f64::max)
+    );
+}
+
 fn main() {
     let full = std::env::args().any(|a| a == "--bench");
     let n = if full { 20 } else { 3 };
+    // `cargo bench --bench agents -- new_repository`: only a new repository's first task.
+    if std::env::args().any(|a| a == "new_repository") {
+        measure_new_repository(if full { 10 } else { 2 });
+        return;
+    }
     // `cargo bench --bench agents -- floor`: only the warm server and the bare one beside it.
     let floor_only = std::env::args().any(|a| a == "floor");
     // `cargo bench --bench agents -- after_turn`: only OpenCode alone, by how soon after a turn
@@ -654,4 +712,5 @@ fn main() {
         p50(&run.done) / p50(&serve.done)
     );
     measure_answer(n);
+    measure_new_repository(if full { 10 } else { 2 });
 }

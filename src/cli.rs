@@ -201,6 +201,11 @@ pub enum Command {
         /// Also send the model a one-word prompt, to see that it answers.
         #[arg(long)]
         probe: bool,
+        /// How long the probe waits for the model's answer, in seconds: OpenCode retries an
+        /// endpoint that does not answer for over a minute; a slow or loaded machine may need
+        /// more than the default.
+        #[arg(long, value_name = "SECS", default_value_t = 15, requires = "probe")]
+        probe_timeout: u64,
     },
     /// Run `taskbridge serve` as a user service (systemd on Linux, launchd on macOS):
     /// install, uninstall or status.

@@ -122,7 +122,10 @@ pub fn run(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode> {
             worker::models::set_default_model(store, &ctx.config.worker.opencode, &model)?;
             outln!("default model: {model}");
         }
-        Command::Doctor { probe } => return crate::doctor::run(&ctx, probe),
+        Command::Doctor { probe, probe_timeout } => {
+            let probe = probe.then(|| std::time::Duration::from_secs(probe_timeout));
+            return crate::doctor::run(&ctx, probe);
+        }
         Command::Service { action } => {
             // A queue other than the home's own file goes with the service.
             let own = ctx.home.db_path().display().to_string();

@@ -196,12 +196,10 @@ fn model(ctx: &Ctx) -> (Check, Option<String>) {
     (c, Some(m))
 }
 
-/// How long the probe waits for the model: OpenCode retries an endpoint that does not answer
-/// for over a minute, and a person running doctor wants to know sooner.
-const PROBE_LIMIT: Duration = Duration::from_secs(15);
-
-/// A one-token prompt through OpenCode: the model is not only named but answers.
-fn probe(ctx: &Ctx, model: &str) -> Check {
+/// A one-token prompt through OpenCode: the model is not only named but answers, within
+/// `limit` (`--probe-timeout`: OpenCode retries an endpoint that does not answer for over a
+/// minute, and a person running doctor wants to know sooner).
+fn probe(ctx: &Ctx, model: &str, limit: Duration) -> Check {
     let Some(path) = ctx.env.find_program(&ctx.config.worker.opencode) else {
         return fail("probe: OpenCode not found", "see the OpenCode line above");
     };
@@ -221,7 +219,7 @@ fn probe(ctx: &Ctx, model: &str) -> Check {
         .unwrap_or_else(|| "its default endpoint".to_owned());
     let who = format!("{model} (provider {provider}, {endpoint})");
     let started = Instant::now();
-    let out = run_limited(&mut cmd, PROBE_LIMIT);
+    let out = run_limited(&mut cmd, limit);
     let _ = std::fs::remove_dir_all(&dir);
     let out = match out {
         Ok(o) => o,
@@ -381,15 +379,16 @@ fn workers(ctx: &Ctx) -> Check {
     }
 }
 
-pub fn run(ctx: &Ctx, with_probe: bool) -> anyhow::Result<std::process::ExitCode> {
+/// Every check, and with `probe` (its time limit) the model's answer to a one-word prompt.
+pub fn run(ctx: &Ctx, probe_limit: Option<Duration>) -> anyhow::Result<std::process::ExitCode> {
     let mut checks = vec![opencode(ctx)];
     checks.push(other_agent(ctx, worker::agent::AgentKind::ClaudeCode));
     checks.push(other_agent(ctx, worker::agent::AgentKind::Codex));
     let (m, model) = model(ctx);
     checks.push(m);
-    if with_probe {
+    if let Some(limit) = probe_limit {
         match &model {
-            Some(m) => checks.push(probe(ctx, m)),
+            Some(m) => checks.push(probe(ctx, m, limit)),
             None => {
                 checks.push(warn("probe: skipped, no model is configured", "configure one first"))
             }
@@ -417,7 +416,7 @@ pub fn run(ctx: &Ctx, with_probe: bool) -> anyhow::Result<std::process::ExitCode
             outln!("      fix: {fix}");
         }
     }
-    if !with_probe && !failed {
+    if probe_limit.is_none() && !failed {
         outln!("(`taskbridge doctor --probe` also sends the model a one-word prompt)");
     }
     Ok(if failed { std::process::ExitCode::FAILURE } else { std::process::ExitCode::SUCCESS })

@@ -15,6 +15,7 @@ pub mod error;
 pub mod http;
 pub mod params;
 pub mod replies;
+mod schema;
 pub mod server;
 pub mod sessions;
 pub mod shed;

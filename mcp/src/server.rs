@@ -343,7 +343,13 @@ pub(crate) fn refuse(message: impl Into<String>) -> ToolResult {
 /// Built once: by default `#[tool_handler]` builds the whole router (every tool and its schema)
 /// on each call, which was most of a `get_task`'s CPU time.
 static ROUTER: std::sync::LazyLock<rmcp::handler::server::router::tool::ToolRouter<TaskBridge>> =
-    std::sync::LazyLock::new(TaskBridge::tool_router);
+    std::sync::LazyLock::new(|| crate::schema::cleaned(TaskBridge::tool_router()));
+
+/// The tools as `tools/list` gives them.
+#[cfg(test)]
+pub(crate) fn listed_tools() -> Vec<rmcp::model::Tool> {
+    ROUTER.list_all()
+}
 
 /// Earlier names of tools, still accepted so no client breaks; `tools/list` shows only the
 /// current ones (README, "One name per operation").

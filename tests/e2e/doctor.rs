@@ -51,7 +51,8 @@ fn doctor_with_everything_set_up_passes_and_the_probe_reaches_the_model() {
     }));
     let out = env
         .cmd()
-        .args(["doctor", "--probe"])
+        // A loaded machine may take longer than the 15 s a person waits by default.
+        .args(["doctor", "--probe", "--probe-timeout", "300"])
         .env("TASKBRIDGE_CLAUDE", claude_cli())
         .env("TASKBRIDGE_CODEX", codex_cli())
         .output()

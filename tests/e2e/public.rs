@@ -14,7 +14,7 @@ fn start_public(env: &Env, kind: &str, var: &str, fake: &Path) -> (Child, String
     let mut cmd = env.cmd();
     cmd.args(["serve", "--public", kind, "--no-worker", "--listen", "127.0.0.1:0"]).env(var, fake);
     let (child, port, stdout) = start_http(&mut cmd);
-    let endpoint = stdout.recv_timeout(Duration::from_secs(30)).unwrap();
+    let endpoint = stdout.recv_timeout(guard(Duration::from_secs(30))).unwrap();
     (child, endpoint, port)
 }
 

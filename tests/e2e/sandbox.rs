@@ -221,3 +221,35 @@ fn codex_and_its_commands_stay_inside_the_wall() {
     let _worker = env.start_worker(1);
     walls_hold(&env, &probe, "codex", &|| mock.requests());
 }
+
+/// A registry that takes the connection and never answers: what OpenCode's background install
+/// of `@opencode-ai/plugin` meets when the network is slow, or when npm inside the wall cannot
+/// write its cache and retries (issue #55: 54–56 s before a new repository's first task).
+fn silent_registry() -> (TcpListener, String) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/", l.local_addr().unwrap());
+    let accept = l.try_clone().unwrap();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for c in accept.incoming().flatten() {
+            held.push(c);
+        }
+    });
+    (l, url)
+}
+
+#[test]
+fn a_new_repositorys_first_task_does_not_wait_for_opencodes_plugin_install() {
+    let mock = MockAnthropic::spawn(vec![
+        Turn::text(result_block("First.", &[])),
+        Turn::text(result_block("Second.", &[])),
+    ]);
+    let (_registry, url) = silent_registry();
+    let mut env = Env::new().with_mock(&mock);
+    env.extra_env.push(("NPM_CONFIG_REGISTRY".into(), url.clone()));
+    env.extra_env.push(("npm_config_registry".into(), url));
+    let _worker = env.start_worker_with(1, &["--opencode", "serve"]);
+    // How soon is a benchmark's (docs/BENCHMARKS.md); before, the task never got there.
+    let id = env.submit(&["Say done.", "--repo", env.repo.to_str().unwrap()]);
+    env.wait_status(id, "done", RUN);
+}

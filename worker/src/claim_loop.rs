@@ -79,7 +79,7 @@ impl Worker {
             }
             let mut env: Vec<(String, String)> =
                 content.map(|c| ("OPENCODE_CONFIG_CONTENT".to_owned(), c)).into_iter().collect();
-            env.extend(crate::agent::opencode_serve::npm_retries(&cfg.env));
+            env.extend(crate::agent::opencode_serve::npm_offline(&cfg.env));
             crate::agent::opencode_serve::Servers::new(cfg.opencode.clone(), env, &home, &id)
         });
         Arc::new(Worker {

@@ -386,7 +386,13 @@ impl ClaudeBridge {
 
 /// Built once rather than on every call (see the TaskBridge server's router).
 static ROUTER: std::sync::LazyLock<rmcp::handler::server::router::tool::ToolRouter<ClaudeBridge>> =
-    std::sync::LazyLock::new(ClaudeBridge::tool_router);
+    std::sync::LazyLock::new(|| crate::schema::cleaned(ClaudeBridge::tool_router()));
+
+/// The tools as `tools/list` gives them.
+#[cfg(test)]
+pub(crate) fn listed_tools() -> Vec<rmcp::model::Tool> {
+    ROUTER.list_all()
+}
 
 #[tool_handler(router = ROUTER)]
 impl ServerHandler for ClaudeBridge {

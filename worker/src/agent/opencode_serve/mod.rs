@@ -27,7 +27,7 @@ mod ready;
 mod server;
 
 pub use server::{
-    env_plugin, kill_orphaned_servers, npm_retries, plugin_dir, server_file_name, spares_file,
+    env_plugin, kill_orphaned_servers, npm_offline, plugin_dir, server_file_name, spares_file,
 };
 
 use crate::events::Usage;

@@ -46,16 +46,18 @@ export const TaskbridgeEnv = async () => ({
 });
 "#;
 
-/// npm's retry count for the warm server, unless the user set one. Before OpenCode loads any
-/// plugin (and the environment plugin is always there) it waits for its own install of
-/// `@opencode-ai/plugin` into each config directory, once per task directory. With npm's
-/// default retries an offline machine waits about 70 s for each (10 s, then 60 s, between
-/// attempts); with none the install fails at once, which OpenCode logs as a warning and shrugs
-/// off, and online it installs as before. `env` looks a variable up (npm reads either case).
-pub fn npm_retries(env: &queue::Environment) -> Option<(String, String)> {
-    let set =
-        ["npm_config_fetch_retries", "NPM_CONFIG_FETCH_RETRIES"].iter().any(|k| env.is_set(k));
-    (!set).then(|| ("npm_config_fetch_retries".to_owned(), "0".to_owned()))
+/// npm offline for the warm server, unless the user set it. Before OpenCode loads any plugin
+/// (and the environment plugin is always there) it waits for its own install of
+/// `@opencode-ai/plugin` into each config directory, once per directory it serves, and that
+/// install runs inside the wall, where it cannot write (npm's cache, the read-only config
+/// directory). Online it waited on npm's retries and timeouts: 54–56 s before a new
+/// repository's first task (issue #55), and for ever against a registry that does not answer.
+/// Offline the install fails at once, which OpenCode logs as a warning and shrugs off; the
+/// plugin TaskBridge gives it needs no package. `env` looks a variable up (npm reads either
+/// case).
+pub fn npm_offline(env: &queue::Environment) -> Option<(String, String)> {
+    let set = ["npm_config_offline", "NPM_CONFIG_OFFLINE"].iter().any(|k| env.is_set(k));
+    (!set).then(|| ("npm_config_offline".to_owned(), "true".to_owned()))
 }
 
 /// Where the environment plugin is written: a warm server's wall lets it read there.
@@ -319,12 +321,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn npm_retries_are_turned_off_unless_the_user_set_them_in_either_case() {
+    fn npm_goes_offline_unless_the_user_set_it_in_either_case() {
         let none = queue::Environment::from_vars([("npm_config_other", "1")]);
-        assert_eq!(npm_retries(&none), Some(("npm_config_fetch_retries".into(), "0".into())));
-        for key in ["npm_config_fetch_retries", "NPM_CONFIG_FETCH_RETRIES"] {
+        assert_eq!(npm_offline(&none), Some(("npm_config_offline".into(), "true".into())));
+        for key in ["npm_config_offline", "NPM_CONFIG_OFFLINE"] {
             let set = queue::Environment::from_vars([(key, "")]);
-            assert_eq!(npm_retries(&set), None, "{key} set by the user, even to nothing");
+            assert_eq!(npm_offline(&set), None, "{key} set by the user, even to nothing");
         }
     }
 
