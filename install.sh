@@ -3,7 +3,7 @@
 # MCP clients, then starts it.
 #   ./install.sh                      ask each question
 #   ./install.sh --yes                yes to everything: install OpenCode if missing, register
-#                                     Claude Code, Claude Desktop and OpenCode's reverse bridge,
+#                                     Claude Code (if installed), Claude Desktop and OpenCode's reverse bridge,
 #                                     start the server
 #   --claude-code / --claude-desktop  register that client without asking
 #   --opencode                        register the reverse bridge (OpenCode asks Claude) in
@@ -61,12 +61,25 @@ bin="$bin_dir/taskbridge"
 
 if ! command -v opencode >/dev/null && [ -z "${TASKBRIDGE_OPENCODE:-}" ]; then
   if ask "OpenCode is not installed. Install it now (npm install -g opencode-ai@1.18.33)?"; then
-    npm install -g --no-audit --no-fund opencode-ai@1.18.33
+    # A global install goes to npm's prefix, which for a user other than root is usually a
+    # system directory; then it goes under ~/.local instead, and the script says so.
+    prefix=()
+    npm_root="$(npm prefix -g 2>/dev/null || true)"
+    if [ "$(id -u)" != 0 ] && { [ -z "$npm_root" ] || ! [ -w "$npm_root" ]; }; then
+      prefix=(--prefix "$HOME/.local")
+      echo "npm's global prefix (${npm_root:-unknown}) is not yours to write: installing OpenCode under ~/.local instead (npm install -g --prefix ~/.local); make sure ~/.local/bin is on your PATH."
+    fi
+    npm install -g "${prefix[@]}" --no-audit --no-fund opencode-ai@1.18.33
   else
     echo "TaskBridge needs OpenCode to run tasks: npm install -g opencode-ai@1.18.33 (or set TASKBRIDGE_OPENCODE)."
   fi
 fi
 
+# Registered only where Claude Code is installed, unless asked for by name (--claude-code).
+if [ "$code" = ask ] && ! command -v claude >/dev/null; then
+  code=no
+  echo "Claude Code is not installed (no \`claude\` on PATH), so TaskBridge is not registered with it; after installing it, run: $bin config claude-code --write"
+fi
 if [ "$code" = yes ] || { [ "$code" = ask ] && ask "Register TaskBridge with Claude Code (user scope)?"; }; then
   "$bin" config claude-code --write
 fi
@@ -80,6 +93,7 @@ if [ "$desktop" = yes ] || { [ "$desktop" = ask ] && ask "Register TaskBridge wi
 fi
 if [ "$opencode" = yes ] || { [ "$opencode" = ask ] && ask "Let OpenCode ask Claude (register the reverse bridge in opencode.json)?"; }; then
   "$bin" config opencode --write
+  echo "The bridge is for your own OpenCode sessions; TaskBridge's tasks get it from workers started with --claude-bridge (or claude_bridge = true under [worker] in config.toml), which open the queue to the agent."
 fi
 if [ -z "$tunnel" ] && [ "$yes" = 0 ] && [ -t 0 ]; then
   read -r -p "Tunnel for public-URL mode (cloudflare, ngrok, or Enter for none): " tunnel
@@ -88,7 +102,7 @@ fi
 cat <<MSG
 
 TaskBridge is installed at $bin.
-  Claude Code, by hand:   $("$bin" config claude-code | sed -n 2p)
+  Claude Code, by hand:   $("$bin" config claude-code | grep -m1 '^claude mcp add')
   Any HTTP client:        $bin serve   (then http://127.0.0.1:8765/mcp, with the bearer token the
                           server keeps in its home: \`$bin config claude-code\` shows where)
   The control center:     $bin tui

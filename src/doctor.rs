@@ -355,6 +355,14 @@ fn registrations(ctx: &Ctx) -> Vec<Check> {
             e,
             "run `taskbridge config opencode --write`",
         ));
+        if !ctx.config.claude_bridge {
+            out.push(warn(
+                "OpenCode (reverse bridge): registered, but tasks do not get it (workers \
+                 offer it only with --claude-bridge)",
+                "set `claude_bridge = true` under [worker] in config.toml, or start workers \
+                 with --claude-bridge",
+            ));
+        }
     }
     out
 }

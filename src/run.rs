@@ -28,6 +28,13 @@ pub fn bridge_command(ctx: &Ctx) -> anyhow::Result<Vec<String>> {
     Ok(cmd)
 }
 
+/// What a worker without `--claude-bridge` says when OpenCode's config registers the bridge.
+pub const BRIDGE_LEFT_OUT: &str = "note: OpenCode's config registers TaskBridge's reverse bridge, \
+     but this worker does not offer it to tasks, so their agents cannot ask Claude: inside the \
+     wall the bridge needs the queue, which only a worker that offers it opens to the agent. \
+     Start workers with --claude-bridge (or set `claude_bridge = true` under [worker] in \
+     config.toml) to offer it.";
+
 /// The configured worker with this command's flags applied.
 fn worker_config(
     ctx: &Ctx,
@@ -50,6 +57,9 @@ fn worker_config(
     }
     if claude_bridge || ctx.config.claude_bridge {
         cfg.claude_bridge = Some(bridge_command(ctx)?);
+    }
+    if worker::registered_bridge_unoffered(&cfg) {
+        eprintln!("{BRIDGE_LEFT_OUT}");
     }
     Ok(cfg)
 }

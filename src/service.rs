@@ -80,6 +80,16 @@ fn run(cmd: &mut Command) -> bool {
     cmd.status().is_ok_and(|s| s.success())
 }
 
+/// Runs a service manager's command; on failure, what it said (its stderr, or why it did not
+/// start).
+fn run_saying(cmd: &mut Command) -> Result<(), String> {
+    match cmd.stderr(std::process::Stdio::piped()).output() {
+        Ok(out) if out.status.success() => Ok(()),
+        Ok(out) => Err(String::from_utf8_lossy(&out.stderr).trim().to_owned()),
+        Err(e) => Err(format!("{}: {e}", cmd.get_program().to_string_lossy())),
+    }
+}
+
 /// `db`: the queue when it is not the home's own file (`--db`/`TASKBRIDGE_DB`), so that the
 /// service's worker runs on the same queue as the command that installed it.
 pub fn service(
@@ -122,19 +132,43 @@ pub fn service(
             std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
             outln!("wrote {}", path.display());
             let started = if mac {
-                run(Command::new("launchctl").arg("load").arg("-w").arg(&path))
+                run_saying(Command::new("launchctl").arg("load").arg("-w").arg(&path))
             } else {
-                run(Command::new("systemctl").args(["--user", "daemon-reload"]))
-                    && run(Command::new("systemctl").args(["--user", "enable", "--now", UNIT]))
+                run_saying(Command::new("systemctl").args(["--user", "daemon-reload"])).and_then(
+                    |()| {
+                        run_saying(
+                            Command::new("systemctl").args(["--user", "enable", "--now", UNIT]),
+                        )
+                    },
+                )
             };
-            if started {
-                outln!("the service is running: http://127.0.0.1:8765/mcp");
-            } else if mac {
-                outln!("start it with: launchctl load -w {}", path.display());
-            } else {
-                outln!(
-                    "start it with: systemctl --user daemon-reload && systemctl --user enable --now {UNIT}"
-                );
+            match started {
+                Ok(()) => outln!("the service is running: http://127.0.0.1:8765/mcp"),
+                Err(said) if mac => bail!(
+                    "the service is written to {}, but launchd did not start it: {said}; start \
+                     it with: launchctl load -w {}",
+                    path.display(),
+                    path.display()
+                ),
+                Err(said)
+                    if said.contains("connect to bus") || said.contains("XDG_RUNTIME_DIR") =>
+                {
+                    bail!(
+                        "the unit is written to {}, but systemd's user manager cannot be reached \
+                         ({said}): there is no user session here (an ssh or su session without \
+                         a login, or a container). Log in as this user (with `loginctl \
+                         enable-linger $USER` the service also runs while you are logged out), \
+                         then run `taskbridge service install` again; or run `taskbridge serve` \
+                         yourself",
+                        path.display()
+                    )
+                }
+                Err(said) => bail!(
+                    "the unit is written to {}, but systemd did not start it: {said}; see \
+                     `systemctl --user status {UNIT}`, then start it with: systemctl --user \
+                     daemon-reload && systemctl --user enable --now {UNIT}",
+                    path.display()
+                ),
             }
         }
         "uninstall" => {

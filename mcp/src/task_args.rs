@@ -78,8 +78,9 @@ where
     #[serde(default)]
     #[arg(long)]
     pub readonly: bool,
-    /// Deny the agent's web fetch and web search tools (its shell commands can still reach the
-    /// network).
+    /// No network for the agent but its model provider: its web fetch and search tools are
+    /// denied, and the kernel's wall keeps its commands from connecting anywhere else (where
+    /// the sandbox is on; the result says what enforced it).
     #[serde(default)]
     #[arg(long)]
     pub no_network: bool,

@@ -576,3 +576,45 @@ fn over_http_the_bridge_is_guarded_like_the_main_server() {
     );
     assert!(body.contains("taskbridge-claude"), "{body}");
 }
+
+/// install.sh offers to register the bridge in opencode.json (`config opencode --write`); a
+/// worker that does not offer it (no `--claude-bridge`) switches that entry off in its tasks,
+/// where it could not reach the queue (OpenCode logged "server unavailable" in every task), and
+/// says so at its start, as doctor does.
+#[test]
+fn a_bridge_registered_in_opencode_json_is_left_out_of_tasks_and_the_worker_says_why() {
+    let mock = MockAnthropic::spawn(vec![Turn::text("Done.")]);
+    let env = Env::new().with_mock(&mock);
+    env.ok(&["config", "opencode", "--write"]);
+    let log = env.dir.path().join("worker.err");
+    let worker = env
+        .cmd()
+        .args(["worker", "--concurrency", "1", "--opencode", "serve"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let worker = crate::support::Child(worker);
+    let id = env.submit(&["Say done."]);
+    env.wait_status(id, "done", Duration::from_secs(120));
+    let doctor = String::from_utf8_lossy(&env.run(&["doctor"]).stdout).into_owned();
+    assert!(doctor.contains("registered, but tasks do not get it"), "{doctor}");
+    // OpenCode tries its MCP servers in the background and logs a failure about a second
+    // after the task's session began; doctor took longer, and the server stops with the worker.
+    drop(worker);
+    let said = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        said.contains("does not offer it to tasks") && said.contains("--claude-bridge"),
+        "{said}"
+    );
+    let offered = mock.requests()[0]["tools"].to_string();
+    assert!(!offered.contains("taskbridge_claude_ask"), "{offered}");
+    // OpenCode did not try to start it inside the wall.
+    let logs = env.oc_home.join(".local/share/opencode/log");
+    for f in std::fs::read_dir(&logs).unwrap() {
+        let text = std::fs::read_to_string(f.unwrap().path()).unwrap();
+        let failed = text.lines().find(|l| l.contains("key=taskbridge") && l.contains("failed"));
+        assert!(failed.is_none(), "{failed:?}");
+    }
+}

@@ -199,7 +199,8 @@ fn config_writers_merge_without_losing_keys() {
 fn service_install_writes_a_valid_systemd_unit() {
     let env = Env::new();
     let xdg = env.dir.path().join("xdg");
-    // No user systemd here (CI): the unit is written and the way to start it is printed.
+    // No user systemd here (CI): the unit is written, and install fails saying why it did not
+    // start and what to do.
     let service = |action: &str| {
         env.cmd()
             .args(["service", action])
@@ -209,7 +210,15 @@ fn service_install_writes_a_valid_systemd_unit() {
             .unwrap()
     };
     let out = service("install");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "it did not start, so install did not succeed");
+    assert!(
+        err.contains("systemd's user manager cannot be reached")
+            && err.contains("Failed to connect to bus")
+            && err.contains("loginctl enable-linger"),
+        "{err}"
+    );
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("start it with"), "said once");
     let unit = xdg.join("systemd/user/taskbridge.service");
     let text = std::fs::read_to_string(&unit).unwrap();
     assert!(text.contains(&format!("--home \"{}\" serve", env.home.display())), "{text}");
@@ -273,9 +282,13 @@ fn install_sh_yes_installs_and_registers_in_a_fresh_home() {
         c
     };
     let home = env.dir.path().join("home");
+    // The real Claude Code on PATH: install.sh registers only with a Claude Code it finds.
+    let tools = Path::new(env!("CARGO_MANIFEST_DIR")).join(".tools/node_modules/.bin");
+    let path = format!("{}:{}", tools.display(), std::env::var("PATH").unwrap_or_default());
     let out = install(&home)
         .args(["--yes", "--no-start", "--dev", "--tunnel", "cloudflare"])
         .env("TASKBRIDGE_OPENCODE", "/usr/bin/true")
+        .env("PATH", path)
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -302,6 +315,9 @@ fn install_sh_yes_installs_and_registers_in_a_fresh_home() {
         "{stdout}"
     );
     assert!(stdout.contains("serve --public cloudflare"), "{stdout}");
+    // The line to register by hand is the one that registers, a command Claude Code runs.
+    let by_hand = stdout.lines().find(|l| l.contains("Claude Code, by hand:")).unwrap();
+    assert!(by_hand.contains("claude mcp add taskbridge -s user"), "{by_hand}");
     let claude: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(home.join(".claude.json")).unwrap()).unwrap();
     assert!(
@@ -339,6 +355,12 @@ fn install_sh_yes_installs_and_registers_in_a_fresh_home() {
     assert!(stdout.contains("npm install -g opencode-ai@1.18.33"), "the pinned version: {stdout}");
     assert!(stdout.contains("cd to your project and run: taskbridge tui"), "{stdout}");
     assert!(!home2.join(".claude.json").exists(), "no means no");
+    // No Claude Code on this PATH: not offered, and the script says how to register later.
+    assert!(
+        stdout.contains("Claude Code is not installed")
+            && stdout.contains("config claude-code --write"),
+        "{stdout}"
+    );
 }
 
 #[test]
@@ -408,7 +430,8 @@ fn service_install_on_a_postgres_queue_keeps_the_url_in_a_private_env_file() {
         .env("PATH", "/usr/bin:/bin")
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // No user systemd here: written, not started (the test above checks what it says).
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unit is written"), "{out:?}");
     let unit = std::fs::read_to_string(xdg.join("systemd/user/taskbridge.service")).unwrap();
     let env_file = env.home.join("service.env");
     assert!(unit.contains(&format!("EnvironmentFile={}", env_file.display())), "{unit}");

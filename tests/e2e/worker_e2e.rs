@@ -191,6 +191,7 @@ fn an_api_401_fails_at_once_naming_the_model_and_how_to_log_in() {
     for part in ["invalid x-api-key", "401", MODEL, "provider anthropic", "opencode auth login"] {
         assert!(error.contains(part), "'{part}' missing from: {error}");
     }
+    assert_eq!(error.matches("opencode auth login").count(), 1, "the advice once: {error}");
     assert_eq!(t["attempts"], 1, "credentials a retry cannot fix do not use up the attempts");
     assert!(env.worktree(id).exists(), "a failed task's worktree stays for inspection");
     assert!(env.log(id).contains("attempt 1 of 3"));

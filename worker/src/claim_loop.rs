@@ -20,7 +20,7 @@ use crate::git;
 use crate::housekeeping::Spare;
 use crate::logs::TaskLog;
 use crate::notify;
-use crate::opencode_config::{headless, with_bridge, with_plugin};
+use crate::opencode_config::{headless, with_plugin, with_task_bridge};
 use crate::process::StopReason;
 use queue::{Claim, Home, Outcome, Store, Task, TaskId, TaskResult};
 use std::path::{Path, PathBuf};
@@ -68,10 +68,8 @@ impl Worker {
         let id = format!("{host}:{}:{}", std::process::id(), fastrand::u32(..) % 100_000);
         let notifier = notify::Notifier::new(cfg.notify.clone());
         let servers = (cfg.opencode_mode == OpenCodeMode::Serve).then(|| {
-            let mut content = Some(headless(cfg.opencode_config_content.as_deref()));
-            if let Some(bridge) = &cfg.claude_bridge {
-                content = Some(with_bridge(content.as_deref(), bridge));
-            }
+            let content = headless(cfg.opencode_config_content.as_deref());
+            let mut content = Some(with_task_bridge(Some(&content), &cfg));
             match crate::agent::opencode_serve::env_plugin(&home) {
                 Ok(plugin) => content = Some(with_plugin(content.as_deref(), &plugin)),
                 // Said, not fatal: the agent's commands would see the server's password.

@@ -78,7 +78,10 @@ pub fn agent_error(e: &AgentError, model: &ModelUsed) -> Diagnosis {
         return Diagnosis {
             message: format!(
                 "the provider refused the credentials for {who}: {said}. Log in with `opencode \
-                 auth login` or set the provider's API key in the worker's environment, or {SET_UP}"
+                 auth login` or set the provider's API key (such as ANTHROPIC_API_KEY) in the \
+                 worker's environment; or choose another provider's model with `taskbridge \
+                 set-default-model PROVIDER/MODEL` or `submit --model` (`taskbridge \
+                 list-models` lists them)"
             ),
             retryable: false,
             kind: FailureKind::Auth,
@@ -201,6 +204,8 @@ mod tests {
         assert!(!d.retryable);
         assert!(d.message.contains("model anthropic/claude-sonnet-4-5 (provider anthropic"));
         assert!(d.message.contains("HTTP 401") && d.message.contains("opencode auth login"));
+        assert_eq!(d.message.matches("auth login").count(), 1, "the advice once: {}", d.message);
+        assert_eq!(d.message.matches("API key").count(), 1, "{}", d.message);
         let d = agent_error(&err("ProviderAuthError", "no key", None, None), &used);
         assert!(!d.retryable);
     }

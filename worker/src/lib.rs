@@ -76,7 +76,9 @@ pub use git::{ResolvedRepo, WorkDiff, diff_against_base, resolve_repo};
 pub use merge::{MergeReport, Overlap, merge_task, overlaps};
 pub use metrics::{CONTENT_TYPE as METRICS_CONTENT_TYPE, render as render_metrics};
 pub use notify::{NotifyConfig, install_tls};
-pub use opencode_config::{BRIDGE_MCP_NAME, headless as headless_opencode_config};
+pub use opencode_config::{
+    BRIDGE_MCP_NAME, headless as headless_opencode_config, registered_bridge_unoffered,
+};
 pub use result::TaskResult;
 pub use submit::{SubmitRequest, Submitted, followup, submit, submit_batch};
 pub use trace::enable as enable_traces;

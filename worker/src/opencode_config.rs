@@ -28,6 +28,57 @@ pub fn with_bridge(inherited: Option<&str>, command: &[String]) -> String {
     doc.to_string()
 }
 
+/// `OPENCODE_CONFIG_CONTENT` for a task run as to the reverse bridge: the worker's own when it
+/// offers one (`--claude-bridge`); else, when the user's OpenCode config registers TaskBridge's
+/// bridge (`config opencode --write`, which install.sh offers), that entry switched off. Inside
+/// the wall the registered bridge cannot reach the queue, and OpenCode only logged "server
+/// unavailable" in every task; the worker says why once, at its start
+/// (`registered_bridge_unoffered`).
+pub fn with_task_bridge(inherited: Option<&str>, cfg: &crate::WorkerConfig) -> String {
+    match &cfg.claude_bridge {
+        Some(bridge) => with_bridge(inherited, bridge),
+        None if user_registers_bridge(&cfg.env) => {
+            let mut doc = config_doc(inherited);
+            if !doc["mcp"].is_object() {
+                doc["mcp"] = serde_json::json!({});
+            }
+            // Merged by OpenCode into the user's entry, which keeps its command and type.
+            doc["mcp"][BRIDGE_MCP_NAME] = serde_json::json!({"enabled": false});
+            doc.to_string()
+        }
+        None => inherited.map_or_else(|| "{}".to_owned(), str::to_owned),
+    }
+}
+
+/// Whether the worker leaves out a bridge the user registered, to say so at its start.
+pub fn registered_bridge_unoffered(cfg: &crate::WorkerConfig) -> bool {
+    cfg.claude_bridge.is_none() && user_registers_bridge(&cfg.env)
+}
+
+/// Whether `$XDG_CONFIG_HOME/opencode/opencode.json` (or `.jsonc`) has TaskBridge's bridge as
+/// its `taskbridge` MCP server.
+fn user_registers_bridge(env: &queue::Environment) -> bool {
+    let Some(dir) =
+        env.path("XDG_CONFIG_HOME").or_else(|| env.home_dir().map(|h| h.join(".config")))
+    else {
+        return false;
+    };
+    ["opencode.json", "opencode.jsonc"].iter().any(|name| {
+        let Ok(text) = std::fs::read_to_string(dir.join("opencode").join(name)) else {
+            return false;
+        };
+        match serde_json::from_str::<serde_json::Value>(&text) {
+            Ok(v) => v["mcp"][BRIDGE_MCP_NAME]["command"]
+                .as_array()
+                .is_some_and(|c| c.iter().any(|a| a == "claude-mcp")),
+            // JSON with comments: the entry as `config opencode --write` writes it.
+            Err(_) => {
+                text.contains(&format!("\"{BRIDGE_MCP_NAME}\"")) && text.contains("\"claude-mcp\"")
+            }
+        }
+    })
+}
+
 /// The inherited `OPENCODE_CONFIG_CONTENT` as a JSON object to add to (an empty one when there
 /// is none, or it is not an object).
 fn config_doc(inherited: Option<&str>) -> serde_json::Value {
@@ -108,6 +159,49 @@ mod tests {
             (v["snapshot"].clone(), v["model"].clone()),
             (json!(true), json!("anthropic/claude"))
         );
+    }
+
+    fn config_with(files: &[(&str, &str)]) -> (tempfile::TempDir, crate::WorkerConfig) {
+        let dir = tempfile::tempdir().unwrap();
+        let oc = dir.path().join("opencode");
+        std::fs::create_dir_all(&oc).unwrap();
+        for (name, text) in files {
+            std::fs::write(oc.join(name), text).unwrap();
+        }
+        let env =
+            queue::Environment::from_vars([("XDG_CONFIG_HOME", dir.path().to_str().unwrap())]);
+        let cfg = crate::WorkerConfig { env, ..crate::WorkerConfig::default() };
+        (dir, cfg)
+    }
+
+    #[test]
+    fn a_bridge_the_user_registered_is_switched_off_in_tasks_unless_the_worker_offers_one() {
+        let registered = r#"{"mcp": {"taskbridge": {"type": "local",
+                               "command": ["/bin/taskbridge", "--home", "/h", "claude-mcp"]}}}"#;
+        let (_d, mut cfg) = config_with(&[("opencode.json", registered)]);
+        assert!(registered_bridge_unoffered(&cfg));
+        let v: Value =
+            serde_json::from_str(&with_task_bridge(Some(r#"{"snapshot": false}"#), &cfg)).unwrap();
+        assert_eq!(v, json!({"snapshot": false, "mcp": {"taskbridge": {"enabled": false}}}));
+        // The worker's own bridge instead, when it offers one.
+        cfg.claude_bridge = Some(vec!["/bin/taskbridge".into(), "claude-mcp".into()]);
+        assert!(!registered_bridge_unoffered(&cfg));
+        let v: Value = serde_json::from_str(&with_task_bridge(None, &cfg)).unwrap();
+        assert_eq!(v["mcp"]["taskbridge"]["enabled"], true);
+        assert_eq!(v["mcp"]["taskbridge"]["command"][1], "claude-mcp");
+    }
+
+    #[test]
+    fn other_servers_named_taskbridge_and_no_config_at_all_are_left_alone() {
+        let other = r#"{"mcp": {"taskbridge": {"type": "remote", "url": "http://x/mcp"}}}"#;
+        for files in [vec![("opencode.json", other)], vec![]] {
+            let (_d, cfg) = config_with(&files);
+            assert!(!registered_bridge_unoffered(&cfg), "{files:?}");
+            assert_eq!(with_task_bridge(Some(r#"{"a":1}"#), &cfg), r#"{"a":1}"#);
+        }
+        let jsonc = "// mine\n{\"mcp\": {\"taskbridge\": {\"command\": [\"tb\", \"claude-mcp\"]}}}";
+        let (_d, cfg) = config_with(&[("opencode.jsonc", jsonc)]);
+        assert!(registered_bridge_unoffered(&cfg), "found in JSON with comments");
     }
 
     #[test]

@@ -6,7 +6,7 @@
 use super::Run;
 use crate::agent::AgentKind;
 use crate::config::WorkerConfig;
-use crate::opencode_config::{headless, permission_json, with_bridge};
+use crate::opencode_config::{headless, permission_json, with_task_bridge};
 use crate::result::Check;
 use queue::{Answer, Resume, Task, TaskId};
 
@@ -134,10 +134,8 @@ impl Conversation {
         if let Some(s) = session.or_else(|| followup_session.clone().filter(|_| !run.serving())) {
             args.extend(["--session".into(), s]);
         }
-        let mut content = headless(cfg.opencode_config_content.as_deref());
-        if let Some(bridge) = &cfg.claude_bridge {
-            content = with_bridge(Some(&content), bridge);
-        }
+        let content = headless(cfg.opencode_config_content.as_deref());
+        let content = with_task_bridge(Some(&content), cfg);
         let env = vec![
             ("OPENCODE_PERMISSION".to_owned(), permission_json(task)),
             ("OPENCODE_CONFIG_CONTENT".to_owned(), content),
