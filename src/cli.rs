@@ -148,6 +148,10 @@ pub enum Command {
     ListWorkers {
         #[arg(long)]
         json: bool,
+        /// Every worker the queue has seen; by default those stopped or silent for over a day
+        /// are left out.
+        #[arg(long)]
+        all: bool,
     },
     /// Run the worker headless.
     Worker(WorkerArgs),

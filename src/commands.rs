@@ -111,7 +111,7 @@ pub fn run(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode> {
         }
         Command::Clear { older_than, statuses } => clear(&ctx, &older_than, &statuses)?,
         Command::Status { json } => status(&ctx, json)?,
-        Command::ListWorkers { json } => list_workers(&ctx, json)?,
+        Command::ListWorkers { json, all } => list_workers(&ctx, json, all)?,
         Command::Config { client, write, http_url } => {
             crate::clients::run(&client, write, ctx.home.root(), &http_url, &ctx.env)?
         }
@@ -313,10 +313,10 @@ fn status(ctx: &Ctx, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `list-workers`: every worker that ran on this queue, alive, stale or stopped.
-fn list_workers(ctx: &Ctx, json: bool) -> anyhow::Result<()> {
+/// `list-workers`: the workers of this queue, alive, stale or stopped (within a day, or all).
+fn list_workers(ctx: &Ctx, json: bool, all: bool) -> anyhow::Result<()> {
     let store = &ctx.store;
-    let workers = store.list_workers()?;
+    let workers = if all { store.list_all_workers()? } else { store.list_workers()? };
     if json {
         print_json(&workers)?;
     } else if workers.is_empty() {

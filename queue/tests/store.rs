@@ -1417,8 +1417,14 @@ fn orphans_wait_for_a_worker_on_their_own_host(b: Backend) {
     let facts =
         RunFacts { agent_pid: Some(4242), agent_started: Some("77".into()), ..Default::default() };
     store.record_run(id, c.token, facts).unwrap();
+    // While it runs, its worker's agents are known by the worker's id (to kill before its
+    // tasks are given back), and no other worker's are.
+    let agent = Orphan { pid: 4242, started: Some("77".into()), task: Some(id) };
+    assert_eq!(store.running_agents("b1").unwrap(), vec![agent.clone()]);
+    assert!(store.running_agents("b2").unwrap().is_empty());
     std::thread::sleep(Duration::from_millis(20));
     assert_eq!(store.reap_expired().unwrap().len(), 1);
+    assert!(store.running_agents("b1").unwrap().is_empty(), "no longer running");
     assert!(store.take_orphans("host-a").unwrap().is_empty());
     let orphans = store.take_orphans("host-b").unwrap();
     assert_eq!(orphans, vec![Orphan { pid: 4242, started: Some("77".into()), task: Some(id) }]);
@@ -1528,6 +1534,15 @@ fn the_registry_tells_live_silent_and_stopped_workers_and_frees_a_dead_ones_task
     let again = store.claim_next("w3", "host", LEASE).unwrap().unwrap().task;
     assert_eq!((again.id, again.attempts), (mine, 2));
     assert_eq!(store.get(other).unwrap().status, TaskStatus::Running);
+
+    // A day on, a worker that died without a word (w3) and one that stopped (w2) leave the
+    // list; the history keeps them.
+    store.register_worker("w4", 4, "host", 1, "opencode serve").unwrap();
+    d.sql("UPDATE workers SET heartbeat_at = heartbeat_at - 86401 WHERE id = 'w3'");
+    d.sql("UPDATE workers SET stopped_at = stopped_at - 86401 WHERE id = 'w2'");
+    let ids = |ws: Vec<WorkerInfo>| ws.into_iter().map(|w| w.id).collect::<Vec<_>>();
+    assert_eq!(ids(store.list_workers().unwrap()), ["w1", "w4"]);
+    assert_eq!(ids(store.list_all_workers().unwrap()), ["w1", "w2", "w3", "w4"]);
 }
 
 fn doctor_hears_what_the_queue_runs_on_and_that_it_is_sound(b: Backend) {

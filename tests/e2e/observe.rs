@@ -256,6 +256,9 @@ fn prometheus_scrapes_the_tasks_that_ran_and_an_otlp_receiver_gets_a_span_per_ta
         v == sent.cache_read as f64
     });
     prom.wait_value("sum(taskbridge_agent_cost_usd_total)", |v| v > 0.0);
+    // The tasks name no model: they ran on the worker's default, and are counted under it.
+    let on_default = format!(r#"sum(taskbridge_agent_cost_usd_total{{model="{MODEL}"}})"#);
+    prom.wait_value(&on_default, |v| v > 0.0);
     prom.wait_value(r#"taskbridge_worker_slots{state="free"}"#, |v| v == 1.0);
     prom.wait_value("sum(taskbridge_workers)", |v| v == 1.0);
     // The histogram's buckets make quantiles (over all time here: every task ran before the

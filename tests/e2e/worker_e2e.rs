@@ -394,8 +394,12 @@ fn in_serve_mode_kill_9_of_the_worker_leaves_no_server_behind() {
 
 fn kill_9_scenario(mode: &str) {
     let env = Env::new();
+    // The rerun's first command looks for the dead run's: nothing of it may still run.
+    let overlap = "g=$(cat pgid.txt); if ps -eo pgid=,stat= | awk -v g=$g '$1==g && $2 !~ /^Z/' \
+                   | grep -q .; then echo overlap; else echo clean; fi > overlap.txt";
     let mock = MockAnthropic::spawn(vec![
         sleeper("pgid.txt"),
+        Turn::bash(overlap),
         Turn::text(result_block("Finished on the second run.", &[])),
     ]);
     let env = env.with_mock(&mock);
@@ -428,6 +432,8 @@ fn kill_9_scenario(mode: &str) {
     let t = env.wait_status(id, "done", RUN);
     assert_eq!(t["result"]["summary"], "Finished on the second run.");
     assert_eq!(t["attempts"], 2, "the interrupted attempt counts");
+    let seen = git_out(&env.repo, &["show", &format!("taskbridge/task-{id}:overlap.txt")]);
+    assert_eq!(seen.trim(), "clean", "the rerun met the dead run's command");
     if mode == "serve" {
         // The warm server goes on in the interrupted session, so the agent keeps its context.
         let reqs = mock.requests();

@@ -312,7 +312,8 @@ impl Worker {
                 }
             }
         };
-        crate::metrics::finished(&task, &outcome, began.elapsed().as_secs_f64());
+        let model = self.model_for(&task, &crate::agent::AgentSpec::of(&task)).await;
+        crate::metrics::finished(&task, model.as_deref(), &outcome, began.elapsed().as_secs_f64());
         attempt.end(&task, &outcome);
         let summary = describe(&outcome);
         match self.blocking(move |s| s.finish(id, token, outcome)).await {

@@ -78,11 +78,14 @@ impl Worker {
         let host = self.host.clone();
         match self.blocking(move |s| s.take_orphans(&host)).await {
             Ok(orphans) => {
-                for o in orphans {
-                    if process::kill_orphan(o.pid, o.started.as_deref()) {
-                        tracing::warn!(task = ?o.task, pid = o.pid, "killed the orphaned agent");
+                let _ = tokio::task::spawn_blocking(move || {
+                    for o in orphans {
+                        if process::kill_orphan(o.pid, o.started.as_deref()) {
+                            tracing::warn!(task = ?o.task, pid = o.pid, "killed the orphaned agent");
+                        }
                     }
-                }
+                })
+                .await;
             }
             Err(e) => tracing::warn!(error = %e, "collecting orphaned agents failed"),
         }
@@ -143,12 +146,30 @@ impl Worker {
             .map(|w| crate::agent::opencode_serve::server_file_name(&w.id))
             .collect();
         let me = crate::agent::opencode_serve::server_file_name(&self.id);
-        crate::agent::opencode_serve::kill_orphaned_servers(&self.home, |name| {
-            name == me || alive.iter().any(|a| a == name)
-        });
+        let home = self.home.clone();
+        // Killing waits until they are gone, which may take the kernel a moment.
+        let _ = tokio::task::spawn_blocking(move || {
+            crate::agent::opencode_serve::kill_orphaned_servers(&home, |name| {
+                name == me || alive.iter().any(|a| a == name)
+            })
+        })
+        .await;
         for w in workers {
             if w.stopped || w.host != self.host || w.id == self.id || process::pid_alive(w.pid) {
                 continue;
+            }
+            // Its agents first, all of them gone, and only then its tasks back to the queue:
+            // a rerun must not meet the dead run's commands (issue #55).
+            let wid = w.id.clone();
+            if let Ok(agents) = self.blocking(move |s| s.running_agents(&wid)).await {
+                let _ = tokio::task::spawn_blocking(move || {
+                    for a in agents {
+                        if process::kill_orphan(a.pid, a.started.as_deref()) {
+                            tracing::warn!(task = ?a.task, pid = a.pid, "killed a dead worker's agent");
+                        }
+                    }
+                })
+                .await;
             }
             let wid = w.id.clone();
             if let Ok(ids) = self.blocking(move |s| s.release_worker_tasks(&wid)).await

@@ -102,6 +102,7 @@ pub fn agent_label(task: &Task) -> &'static str {
 }
 
 /// The model a task names, as a label; `default` for the agent's (or the queue's) default.
+/// A finished run is counted under the model it ran on (`finished`'s `model`).
 pub fn model_label(task: &Task) -> &str {
     task.model.as_deref().filter(|m| !m.is_empty()).unwrap_or("default")
 }
@@ -126,7 +127,9 @@ pub(crate) fn claimed(claim: &Claim) {
 
 /// A run ended with `outcome` after `run_s` seconds: what it spent (beyond what the task had
 /// spent before it) and how it ended.
-pub(crate) fn finished(task: &Task, outcome: &Outcome, run_s: f64) {
+/// A run ended, on `model` (the one named to the agent, the queue's default included; `None`
+/// for the agent's own default).
+pub(crate) fn finished(task: &Task, model: Option<&str>, outcome: &Outcome, run_s: f64) {
     let agent = agent_label(task).to_owned();
     let (name, result, kind) = match outcome {
         Outcome::Done { result } => ("done", Some(result.as_ref()), None),
@@ -149,14 +152,15 @@ pub(crate) fn finished(task: &Task, outcome: &Outcome, run_s: f64) {
             .inc();
     }
     if let Some(result) = result {
-        spent(task, result, &agent);
+        let model = model.filter(|m| !m.is_empty()).unwrap_or_else(|| model_label(task));
+        spent(task, result, &agent, model);
     }
 }
 
-fn spent(task: &Task, result: &TaskResult, agent: &str) {
+fn spent(task: &Task, result: &TaskResult, agent: &str, model: &str) {
     let before = task.result.as_ref().map(|r| r.usage.clone()).unwrap_or_default();
     let now = &result.usage;
-    let model = model_label(task).to_owned();
+    let model = model.to_owned();
     for (kind, after, was) in [
         ("input", now.input_tokens, before.input_tokens),
         ("output", now.output_tokens, before.output_tokens),
@@ -280,7 +284,7 @@ mod tests {
             result: Some(Box::new(spent(100, 10, 0.5))),
             ask: None,
         };
-        finished(&first.task, &waiting, 2.0);
+        finished(&first.task, None, &waiting, 2.0);
         store.finish(id, first.token, waiting).unwrap();
         std::thread::sleep(Duration::from_millis(50));
         store.answer(id, "that one", "test").unwrap();
@@ -289,7 +293,7 @@ mod tests {
         claimed(&resumed);
         // The result carries the whole task's spend; only what this run added counts again.
         let done = Outcome::Done { result: Box::new(spent(150, 30, 0.75)) };
-        finished(&resumed.task, &done, 3.0);
+        finished(&resumed.task, None, &done, 3.0);
         store.finish(id, resumed.token, done).unwrap();
 
         let timeout = Outcome::Failed {
@@ -298,7 +302,7 @@ mod tests {
             result: None,
             backoff_s: 0.0,
         };
-        finished(&resumed.task, &timeout, 0.0);
+        finished(&resumed.task, None, &timeout, 0.0);
 
         let text = render(&store).unwrap();
         let errors = r#"taskbridge_agent_errors_total{agent="opencode",kind="timeout"}"#;

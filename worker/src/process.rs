@@ -98,14 +98,18 @@ pub fn pid_alive(pid: i64) -> bool {
 
 /// Kills the orphaned agent `pid` and everything it started, if that process is the one that
 /// started at `started` (a pid alone may have been reused).
+/// Returns once nothing of it runs any more (see [`ProcessTree::kill_until_gone`]): a task is
+/// given back to the queue after this, and its next run must not meet the last one's commands.
+/// Blocks for as long as the kernel takes to end them; call it off the async threads.
 pub fn kill_orphan(pid: i64, started: Option<&str>) -> bool {
     let (Ok(p), Some(started)) = (i32::try_from(pid), started) else { return false };
     if process_start_time(pid).as_deref() != Some(started) {
         return false;
     }
     let mut tree = ProcessTree::new(p);
-    tree.refresh();
-    tree.signal(Signal::SIGKILL);
+    if !tree.kill_until_gone(Duration::from_secs(10)) {
+        tracing::warn!(pid, "processes of an orphaned agent still run 10 s after SIGKILL");
+    }
     true
 }
 
@@ -156,19 +160,33 @@ pub fn kill_group(pid: i32) {
     tree.signal(Signal::SIGKILL);
 }
 
-/// `(pid, ppid, pgid)` of every process, from /proc.
-fn processes() -> Vec<(i32, i32, i32)> {
+/// `(pid, ppid, pgid)` of every process, from /proc; zombies (ended, not yet reaped) left out
+/// when `running` is set.
+fn processes_where(running: bool) -> Vec<(i32, i32, i32)> {
     let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
     dir.filter_map(|e| {
         let pid: i32 = e.ok()?.file_name().to_str()?.parse().ok()?;
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
         let mut f = stat[stat.rfind(')')? + 2..].split_whitespace();
-        let _state = f.next()?;
+        let state = f.next()?;
+        if running && state == "Z" {
+            return None;
+        }
         let ppid = f.next()?.parse().ok()?;
         let pgid = f.next()?.parse().ok()?;
         Some((pid, ppid, pgid))
     })
     .collect()
+}
+
+fn processes() -> Vec<(i32, i32, i32)> {
+    processes_where(false)
+}
+
+/// Whether `pid` has ended and waits to be reaped.
+fn zombie(pid: i32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat.rfind(')').and_then(|i| stat.get(i + 2..i + 3)) == Some("Z")
 }
 
 /// An agent and everything it started. OpenCode runs shell commands detached, in process groups
@@ -233,6 +251,38 @@ impl ProcessTree {
             }
         }
         killed
+    }
+
+    /// SIGKILLs the root and everything below it, again at whatever it started meanwhile,
+    /// until none of it runs (a zombie has ended) or `limit` passed; whether it is all gone.
+    /// A signal is delivered at once but a process ends later, and the root's children outlive
+    /// it: what they start after the first kill is caught by the next round.
+    pub fn kill_until_gone(&mut self, limit: Duration) -> bool {
+        let start = std::time::Instant::now();
+        // The root by its start time too, so that a pid the kernel gave to another process
+        // after the root ended is never signalled.
+        let born = process_start_time(self.root.into());
+        let root_lives =
+            |root: i32| born.is_some() && process_start_time(root.into()) == born && !zombie(root);
+        loop {
+            self.refresh();
+            if root_lives(self.root) {
+                let _ = nix::sys::signal::kill(Pid::from_raw(self.root), Signal::SIGKILL);
+            }
+            self.signal(Signal::SIGKILL);
+            let live = processes_where(true);
+            let running = root_lives(self.root)
+                || live
+                    .iter()
+                    .any(|&(pid, _, pgid)| self.pids.contains(&pid) || self.groups.contains(&pgid));
+            if !running {
+                return true;
+            }
+            if start.elapsed() > limit {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     pub fn signal(&self, sig: Signal) {
@@ -526,5 +576,63 @@ fn brief(ask: &queue::Ask) -> String {
         (Some(p), _) => format!("{}: {}", p.permission, p.target.clone().unwrap_or_default()),
         (None, Some(q)) => format!("the question \"{}\"", q.question),
         _ => ask.text(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every process of `pids` that still runs (a zombie has ended).
+    fn running(pids: &[i32]) -> Vec<i32> {
+        pids.iter().copied().filter(|p| pid_alive(i64::from(*p)) && !zombie(*p)).collect()
+    }
+
+    #[test]
+    fn an_orphans_whole_tree_is_gone_when_the_kill_returns() {
+        use std::os::unix::process::CommandExt;
+        let dir = tempfile::tempdir().unwrap();
+        let pids = dir.path().join("pids");
+        // A root in a group of its own, a command detached into a session of its own (as an
+        // agent's shell tool runs them), and one in the root's group.
+        let script = format!(
+            "setsid sh -c 'echo $$ >> {p}; exec sleep 300' & sleep 300 & echo $! >> {p}; wait",
+            p = pids.display()
+        );
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", &script])
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let root = child.id() as i32;
+        let read = || -> Vec<i32> {
+            std::fs::read_to_string(&pids)
+                .unwrap_or_default()
+                .lines()
+                .filter_map(|l| l.trim().parse().ok())
+                .collect()
+        };
+        let start = std::time::Instant::now();
+        while read().len() < 2 {
+            assert!(start.elapsed() < Duration::from_secs(120), "the commands never started");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let started = process_start_time(root.into());
+        assert!(kill_orphan(root.into(), started.as_deref()));
+        let mut all = read();
+        all.push(root);
+        let _ = child.wait();
+        assert_eq!(running(&all), Vec::<i32>::new(), "still running when the kill returned");
+    }
+
+    #[test]
+    fn a_pid_that_is_another_process_now_is_left_alone() {
+        let mut child = std::process::Command::new("sleep").arg("300").spawn().unwrap();
+        let pid = child.id() as i64;
+        assert!(!kill_orphan(pid, Some("not its start time")));
+        assert!(!kill_orphan(pid, None));
+        assert_eq!(running(&[pid as i32]), vec![pid as i32]);
+        child.kill().unwrap();
+        child.wait().unwrap();
     }
 }

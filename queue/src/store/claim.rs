@@ -191,6 +191,28 @@ impl Store {
         })
     }
 
+    /// The agents of `worker`'s running tasks, as recorded when they started: a worker that
+    /// found `worker` dead kills them before it gives the tasks back, so that no rerun starts
+    /// while the last run's commands still run.
+    pub fn running_agents(&self, worker: &str) -> Result<Vec<Orphan>> {
+        self.read(|conn| {
+            conn.query(
+                "SELECT agent_pid, agent_started, id FROM tasks
+                  WHERE worker = ?1 AND status = 'running' AND agent_pid IS NOT NULL",
+                args![worker],
+            )?
+            .iter()
+            .map(|r| {
+                Ok(Orphan {
+                    pid: r.get(0)?,
+                    started: r.get(1)?,
+                    task: r.get::<Option<i64>>(2)?.map(TaskId),
+                })
+            })
+            .collect()
+        })
+    }
+
     /// The agents that dead workers left running on `host` (see `reap_expired`), removed from
     /// the queue as they are handed over: the caller kills each one that is still the same
     /// process.

@@ -49,19 +49,35 @@ impl Store {
         })
     }
 
-    /// Workers that are alive or stopped within the last day.
+    /// Workers that are alive, or stopped or silent within the last day: a worker that died
+    /// without saying so (the embedded worker of each `claude -p` session, say) stays a day,
+    /// then only `list_all_workers` shows it.
     pub fn list_workers(&self) -> Result<Vec<WorkerInfo>> {
+        self.workers(
+            "WHERE (w.stopped_at IS NULL AND w.heartbeat_at > unixepoch('subsec') - 86400)
+                OR w.stopped_at > unixepoch('subsec') - 86400",
+        )
+    }
+
+    /// Every worker the queue has seen: the history.
+    pub fn list_all_workers(&self) -> Result<Vec<WorkerInfo>> {
+        self.workers("")
+    }
+
+    fn workers(&self, filter: &str) -> Result<Vec<WorkerInfo>> {
         self.read(|conn| {
             conn.query(
-                "SELECT w.id, w.pid, w.host, w.started_at, w.heartbeat_at, w.concurrency,
+                &format!(
+                    "SELECT w.id, w.pid, w.host, w.started_at, w.heartbeat_at, w.concurrency,
                         CASE WHEN w.stopped_at IS NULL THEN 0 ELSE 1 END,
                         unixepoch('subsec') - w.heartbeat_at,
                         (SELECT group_concat(t.id) FROM tasks t
                           WHERE t.worker = w.id AND t.status = 'running'),
                         w.agent, w.agents
                    FROM workers w
-                  WHERE w.stopped_at IS NULL OR w.stopped_at > unixepoch('subsec') - 86400
-                  ORDER BY w.started_at",
+                  {filter}
+                  ORDER BY w.started_at"
+                ),
                 &[],
             )?
             .iter()

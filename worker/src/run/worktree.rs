@@ -109,7 +109,7 @@ impl Worker {
 
     /// The model named to the agent. The default model is OpenCode's `provider/model`; the other
     /// agents use their own default unless the task names one.
-    async fn model_for(&self, task: &Task, spec: &AgentSpec) -> Option<String> {
+    pub(crate) async fn model_for(&self, task: &Task, spec: &AgentSpec) -> Option<String> {
         match &task.model {
             Some(m) => Some(m.clone()),
             None if spec.kind != AgentKind::OpenCode => None,
