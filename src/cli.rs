@@ -95,6 +95,36 @@ pub enum Command {
     /// Cancel a queued, waiting or running task.
     #[command(visible_alias = "cancel-task")]
     Cancel { id: i64 },
+    /// Wait until every task given is done, failed or cancelled, or waits for an answer; a
+    /// line per task. Exit code: 0 all done, 3 one failed or was cancelled, 4 one waits for an
+    /// answer (and none failed), 124 the timeout passed first.
+    #[command(visible_alias = "wait-for")]
+    Wait {
+        #[arg(required = true, num_args = 1..)]
+        ids: Vec<i64>,
+        /// Give up after this many seconds (exit code 124).
+        #[arg(long, value_name = "SECS")]
+        timeout: Option<u64>,
+    },
+    /// Change a queued task's prompt before it runs: the new prompt as an argument (`-` reads
+    /// stdin), or without one in $VISUAL/$EDITOR opened on the current prompt.
+    #[command(visible_alias = "edit-task")]
+    Edit {
+        id: i64,
+        prompt: Option<String>,
+        /// A new title as well.
+        #[arg(long)]
+        title: Option<String>,
+    },
+    /// Pause the queue: workers finish what they run and claim nothing new until `resume`.
+    #[command(visible_alias = "pause-queue")]
+    Pause,
+    /// Let workers claim tasks again after `pause`.
+    #[command(visible_alias = "resume-queue")]
+    Resume,
+    /// Print the shell completion script: `source <(taskbridge completions bash)`, or for zsh
+    /// and fish see the README.
+    Completions { shell: clap_complete::Shell },
     /// Run a failed or cancelled task again.
     #[command(visible_alias = "retry-task")]
     Retry { id: i64 },

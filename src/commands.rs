@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use worker::TaskResult;
 
-fn read_arg(text: &str, what: &str) -> anyhow::Result<String> {
+pub(crate) fn read_arg(text: &str, what: &str) -> anyhow::Result<String> {
     if text != "-" {
         return Ok(text.to_owned());
     }
@@ -90,6 +90,11 @@ pub fn run(ctx: Ctx, command: Command) -> anyhow::Result<ExitCode> {
                 outln!("task {id}: {}", t.status);
             }
         }
+        Command::Wait { ids, timeout } => return crate::verbs::wait(store, &ids, timeout),
+        Command::Edit { id, prompt, title } => crate::verbs::edit(&ctx, id, prompt, title)?,
+        Command::Pause => crate::verbs::pause(store, true)?,
+        Command::Resume => crate::verbs::pause(store, false)?,
+        Command::Completions { shell } => crate::verbs::completions(shell),
         Command::Retry { id } => {
             let t = store.retry(TaskId(id))?;
             outln!("task {id}: {}", t.display_status);

@@ -21,6 +21,7 @@ mod run;
 mod service;
 mod telemetry;
 mod token;
+mod verbs;
 
 use anyhow::Context;
 use clap::Parser;

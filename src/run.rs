@@ -352,7 +352,6 @@ async fn tui(
         cwd: ctx.cwd.clone(),
         keymap,
         mcp: label_rx,
-        token_set: token.is_some(),
         worker,
         worker_config: ctx.config.worker.clone(),
     };

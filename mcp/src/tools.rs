@@ -50,6 +50,18 @@ pub struct TaskIdArgs {
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+pub struct EditArgs {
+    /// The task's id; it must be queued and not yet run.
+    pub task_id: i64,
+    /// The new prompt.
+    pub prompt: String,
+    /// A new title (left out: the title stays).
+    #[serde(default)]
+    pub title: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct GetResultArgs {
     /// The task's id (an integer, as submit_task returned it).
     pub task_id: i64,
@@ -654,6 +666,46 @@ impl TaskBridge {
         }
         match self.blocking(move |s| Ok(s.cancel(TaskId(args.task_id))?)).await {
             Ok(task) => ok(TaskReply::of(&task, true)),
+            Err(e) => self.fail(e),
+        }
+    }
+
+    /// Change a queued task's prompt (and title) before any worker ran it.
+    #[tool(
+        output_schema = schema_for_output::<TaskReply>(),
+        annotations(title = "Edit a queued task", read_only_hint = false))]
+    async fn edit_task(&self, Parameters(args): Parameters<EditArgs>) -> ToolResult {
+        if let Err(e) = self.visible_task(TaskId(args.task_id)) {
+            return self.fail(e);
+        }
+        let edited = self.blocking(move |s| {
+            Ok(s.edit_task(TaskId(args.task_id), &args.prompt, args.title.as_deref())?)
+        });
+        match edited.await {
+            Ok(task) => ok(TaskReply::of(&task, true)),
+            Err(e) => self.fail(e),
+        }
+    }
+
+    /// Pause the queue: workers finish what they run and claim nothing new until
+    /// resume_queue. Returns the queue's status.
+    #[tool(
+        output_schema = schema_for_output::<queue::QueueStatus>(),
+        annotations(title = "Pause the queue", read_only_hint = false))]
+    async fn pause_queue(&self, Parameters(_): Parameters<Empty>) -> ToolResult {
+        match self.blocking(|s| Ok(s.pause_queue().and_then(|_| s.queue_status())?)).await {
+            Ok(st) => ok(st),
+            Err(e) => self.fail(e),
+        }
+    }
+
+    /// Let workers claim tasks again after pause_queue. Returns the queue's status.
+    #[tool(
+        output_schema = schema_for_output::<queue::QueueStatus>(),
+        annotations(title = "Resume the queue", read_only_hint = false))]
+    async fn resume_queue(&self, Parameters(_): Parameters<Empty>) -> ToolResult {
+        match self.blocking(|s| Ok(s.resume_queue().and_then(|_| s.queue_status())?)).await {
+            Ok(st) => ok(st),
             Err(e) => self.fail(e),
         }
     }

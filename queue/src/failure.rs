@@ -45,10 +45,12 @@ pub enum FailureKind {
     /// The agent changed git metadata TaskBridge relies on (its worktree's `.git`, admin
     /// directory or HEAD); nothing was read or written through it.
     Tampered,
+    /// It reached its budget and the answer was to stop.
+    Budget,
 }
 
 impl FailureKind {
-    pub const ALL: [FailureKind; 17] = [
+    pub const ALL: [FailureKind; 18] = [
         FailureKind::Auth,
         FailureKind::Model,
         FailureKind::Connection,
@@ -66,6 +68,7 @@ impl FailureKind {
         FailureKind::Rejected,
         FailureKind::Worker,
         FailureKind::Tampered,
+        FailureKind::Budget,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -87,6 +90,7 @@ impl FailureKind {
             FailureKind::Rejected => "rejected",
             FailureKind::Worker => "worker",
             FailureKind::Tampered => "tampered",
+            FailureKind::Budget => "budget",
         }
     }
 

@@ -842,6 +842,9 @@ pub struct QueueStatus {
     /// What tasks active today (local time) have spent, in all and per state.
     #[serde(default)]
     pub spend_today: Spend,
+    /// The queue is paused (`pause_queue`): workers finish what runs and claim nothing new.
+    #[serde(default)]
+    pub paused: bool,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]

@@ -1170,6 +1170,10 @@ fn a_budget_stop_continues_raised_or_stops_naming_the_spend(b: Backend) {
     assert_eq!(t.status, TaskStatus::Failed);
     let e = t.error.unwrap();
     assert!(e.contains("$2.60 of $2.50") && e.contains("task budget") && e.contains("tui"), "{e}");
+    // Counted as a budget stop where failures are counted by kind (the TUI's stats).
+    let recent = store.finished_within(Duration::from_secs(3600)).unwrap();
+    let kinds: Vec<_> = recent.tasks.iter().map(|t| (t.id, t.failure_kind)).collect();
+    assert_eq!(kinds, vec![(id, Some(FailureKind::Budget))]);
 }
 
 fn a_batch_budget_counts_what_the_batchs_other_tasks_spent(b: Backend) {

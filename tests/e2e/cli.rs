@@ -399,3 +399,80 @@ fn list_models_refresh_asks_opencode_again_instead_of_the_cache() {
     assert!(lists_model(&env, &["list-models", "--refresh"]));
     assert!(lists_model(&env, &["list-models"]), "the refreshed list is the cached one now");
 }
+
+/// `wait` returns when the tasks settle, with an exit code a script can branch on; `pause`
+/// holds every claim until `resume`; `edit` changes a queued prompt (as an argument, from
+/// stdin, or in $EDITOR) and refuses one that ran; `completions bash` is a script bash takes.
+#[test]
+fn wait_pause_resume_edit_and_completions_as_a_script_uses_them() {
+    use crate::support::mock_anthropic::{MockAnthropic, Turn};
+    let done = |s: &str| {
+        Turn::text(format!(
+            "Done.\n```taskbridge-result\n{{\"summary\": \"{s}\", \"tests_run\": []}}\n```"
+        ))
+    };
+    let mock = MockAnthropic::spawn(vec![
+        done("first"),
+        Turn::text("I need input.\n```taskbridge-question\nSQLite or Postgres?\n```"),
+    ]);
+    let env = Env::new().with_mock(&mock);
+    // Paused before any worker: a task waits, whoever is alive.
+    assert!(env.ok(&["pause"]).contains("queue paused"));
+    assert!(env.ok(&["pause"]).contains("already paused"));
+    let status: Value = serde_json::from_str(&env.ok(&["status", "--json"])).unwrap();
+    assert_eq!(status["paused"], true);
+    let a = env.submit(&["Say EDIT-ME"]);
+    // Its prompt, changed while it waits: as an argument, then from stdin, then in the editor.
+    env.ok(&["edit", &a.to_string(), "Say FIRST-EDIT", "--title", "renamed"]);
+    let mut cmd = env.cmd();
+    cmd.args(["edit", &a.to_string(), "-"]).stdin(std::process::Stdio::piped());
+    let mut child = cmd.stdout(std::process::Stdio::piped()).spawn().unwrap();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), b"Say SECOND-EDIT\n").unwrap();
+    assert!(child.wait_with_output().unwrap().status.success());
+    let editor =
+        script(env.dir.path(), "editor", "sed -i 's/SECOND-EDIT/EDITED-IN-EDITOR/' \"$1\"");
+    let out = env.cmd().args(["edit", &a.to_string()]).env("EDITOR", &editor).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(env.show(a)["prompt"], "Say EDITED-IN-EDITOR");
+    assert_eq!(env.show(a)["title"], "renamed");
+
+    let _worker = env.start_worker(1);
+    let timed_out = env.run(&["wait", &a.to_string(), "--timeout", "2"]);
+    assert_eq!(timed_out.status.code(), Some(124), "{timed_out:?}");
+    assert_eq!(env.show(a)["status"], "queued", "nothing claimed while paused");
+    assert!(env.ok(&["resume"]).contains("queue resumed"));
+    let out = env.run(&["wait", &a.to_string()]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), format!("task {a}: done"));
+    assert!(mock.requests()[0].to_string().contains("EDITED-IN-EDITOR"), "the agent got the edit");
+    // A task that ran keeps its prompt.
+    let err = stderr_of(&env, &["edit", &a.to_string(), "Say later"]);
+    assert!(err.contains("edit needs a task that is queued and not yet run"), "{err}");
+
+    // One that asks: exit code 4, with the question; one that fails: 3, and it outranks 4.
+    let b = env.submit(&["Pick a database"]);
+    let out = env.run(&["wait-for", &b.to_string()]);
+    assert_eq!(out.status.code(), Some(4), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("waiting: SQLite or Postgres?"));
+    env.ok(&["cancel", &b.to_string()]);
+    let out = env.run(&["wait", &a.to_string(), &b.to_string()]);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    let err = stderr_of(&env, &["wait", "999"]);
+    assert!(err.contains("task #999 does not exist"), "{err}");
+
+    // The completion script, sourced by the real bash, completes the verbs.
+    let bash = env.ok(&["completions", "bash"]);
+    let file = env.dir.path().join("taskbridge.bash");
+    std::fs::write(&file, bash).unwrap();
+    let probe = format!(
+        "source '{}'; COMP_WORDS=(taskbridge wa); COMP_CWORD=1; COMP_LINE='taskbridge wa'; \
+         COMP_POINT=13; _taskbridge taskbridge wa taskbridge; printf '%s\\n' \"${{COMPREPLY[@]}}\"",
+        file.display()
+    );
+    let out = std::process::Command::new("bash").args(["-c", &probe]).output().unwrap();
+    let words = String::from_utf8_lossy(&out.stdout);
+    assert!(words.lines().any(|w| w == "wait"), "{words}{}", String::from_utf8_lossy(&out.stderr));
+    for shell in ["zsh", "fish"] {
+        assert!(env.ok(&["completions", shell]).contains("taskbridge"), "{shell}");
+    }
+}

@@ -32,6 +32,13 @@ impl Tmux {
             std::thread::sleep(Duration::from_millis(60));
         }
     }
+    /// Keys in one write, as a person's fast typing reaches the program (Esc then a key
+    /// arrives as that key with Alt).
+    pub(crate) fn keys_at_once(&self, keys: &[&str]) {
+        let mut args = vec!["send-keys", "-t", "tb"];
+        args.extend_from_slice(keys);
+        assert!(self.cmd(&args).status.success());
+    }
     pub(crate) fn text(&self, s: &str) {
         assert!(self.cmd(&["send-keys", "-t", "tb", "-l", s]).status.success());
     }
@@ -706,4 +713,112 @@ fn the_stats_view_charts_the_tasks_that_ran() {
         !screen.contains("Tasks finished per 10 minutes")
     }));
     assert!(screen.contains("FAILME"), "{screen}");
+}
+
+/// A question the agent asks in its answer (the prompt-level block) with options: the task that
+/// starts waiting is announced and selected, `a` offers its options as a picker, the detail
+/// pane keeps the question's lines apart, the log says the question once; and Esc typed at once
+/// with `l` is the two keys, not Alt-l.
+#[test]
+fn a_question_in_the_agents_answer_is_announced_selected_and_answered_from_a_picker() {
+    let env = Env::new();
+    let mock = MockAnthropic::spawn(vec![
+        Turn::text(
+            "Done.\n```taskbridge-result\n{\"summary\": \"First.\", \"tests_run\": []}\n```",
+        ),
+        Turn::text(
+            "I need a decision.\n```taskbridge-question\n{\"question\": \"Red or blue?\", \
+             \"options\": [\"red\", \"blue\"]}\n```",
+        ),
+        Turn::text(
+            "Done.\n```taskbridge-result\n{\"summary\": \"Blue it is.\", \"tests_run\": []}\n```",
+        ),
+    ]);
+    let env = env.with_mock(&mock);
+    let first = env.submit(&["Say done", "--title", "first task"]);
+    let tmux = start_tui(&env, "--no-http --no-worker", 140);
+    let _worker = env.start_worker_with(1, &["--opencode", "serve"]);
+    env.wait_status(first, "done", Duration::from_secs(120));
+    tmux.wait_for("first task");
+    let id = env.submit(&["Pick a colour", "--title", "colour task"]);
+    let screen = tmux.wait_for(&format!("#{id} is waiting: Red or blue? (a answers)"));
+    assert!(!screen.contains("?Options"), "{screen}");
+    tmux.keys(&["a"]);
+    let screen = tmux.wait_for("> red");
+    assert!(screen.contains("Type my own answer"), "free text is offered:\n{screen}");
+    tmux.keys(&["j"]);
+    tmux.wait_for("> blue");
+    tmux.keys(&["Enter"]);
+    let t = env.wait_status(id, "done", Duration::from_secs(120));
+    assert_eq!(t["questions"][0]["answer"], "blue");
+    assert_eq!(env.log(id).matches("the agent asks").count(), 1, "{}", env.log(id));
+    // The answered question in the detail pane: its options on a line of their own.
+    tmux.keys(&["Enter"]);
+    let screen = tmux.wait_for("A: blue");
+    assert!(screen.contains("Q: Red or blue?"), "{screen}");
+    assert!(screen.contains("Options: red | blue") && !screen.contains("?Options"), "{screen}");
+    // Esc and l at once: the log opens, as `l` alone does.
+    tmux.keys_at_once(&["Escape", "l"]);
+    tmux.wait_for("attempt 1 of");
+}
+
+/// `e` edits a queued task's prompt; `S` opens a shell in a task's worktree and `D` its diff
+/// in the editor, and the TUI comes back as it was after each.
+#[test]
+fn e_edits_a_queued_prompt_and_s_and_d_step_out_to_a_shell_and_the_editor() {
+    let env = Env::new();
+    let wt = env.worktree(1);
+    let mock = MockAnthropic::spawn(vec![
+        Turn::tool("write", serde_json::json!({"filePath": wt.join("x.txt"), "content": "x\n"})),
+        Turn::text(
+            "Done.\n```taskbridge-result\n{\"summary\": \"Wrote x.\", \"tests_run\": []}\n```",
+        ),
+    ]);
+    let env = env.with_mock(&mock);
+    let first = env.submit(&["Write x", "--title", "with a diff", "--keep-worktree"]);
+    {
+        let _worker = env.start_worker_with(1, &["--opencode", "serve"]);
+        env.wait_status(first, "done", Duration::from_secs(120));
+    }
+    env.ok(&["pause"]);
+    let queued = env.submit(&["Say ORIGINAL", "--title", "edit me"]);
+    let copied = env.dir.path().join("seen.diff");
+    let editor = script(env.dir.path(), "editor", &format!("cp \"$1\" '{}'", copied.display()));
+    let extra = [("SHELL", "/bin/sh"), ("EDITOR", editor.to_str().unwrap())];
+    let tmux = start_tui_with(&env, "--no-http --no-worker", 140, &extra);
+    tmux.wait_for("edit me");
+    let select = |title: &str| {
+        tmux.keys(&["g"]);
+        for _ in 0..5 {
+            if tmux.screen().contains(&format!("Detail: {title}")) {
+                return;
+            }
+            tmux.keys(&["j"]);
+        }
+        panic!("'{title}' never selected:\n{}", tmux.screen());
+    };
+    select("edit me");
+    tmux.keys(&["e"]);
+    tmux.wait_for("Say ORIGINAL");
+    tmux.text(" PLUS");
+    tmux.keys(&["C-s"]);
+    tmux.wait_for(&format!("task {queued}: prompt changed"));
+    assert_eq!(env.show(queued)["prompt"], "Say ORIGINAL PLUS");
+
+    select("with a diff");
+    tmux.keys(&["S"]);
+    let out = env.dir.path().join("pwd.txt");
+    tmux.text(&format!("pwd > '{}'; exit", out.display()));
+    tmux.keys(&["Enter"]);
+    tmux.wait_for("back from /bin/sh");
+    let pwd = std::fs::read_to_string(&out).unwrap();
+    assert_eq!(pwd.trim(), env.show(first)["worktree"].as_str().unwrap());
+    tmux.wait_for("with a diff");
+
+    tmux.keys(&["D"]);
+    tmux.wait_for("back from");
+    let diff = std::fs::read_to_string(&copied).unwrap();
+    assert!(diff.contains("+++ b/x.txt"), "{diff}");
+    let screen = tmux.wait_for("edit me");
+    assert!(screen.contains("with a diff"), "the queue is drawn again:\n{screen}");
 }

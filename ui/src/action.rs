@@ -38,12 +38,15 @@ pub enum Action {
     WriteAnswer,
     MergeTask,
     FollowupTask,
+    EditTask,
+    OpenShell,
+    EditDiff,
     OpenPlan,
     OpenStats,
 }
 
 impl Action {
-    pub const ALL: [Action; 36] = [
+    pub const ALL: [Action; 39] = [
         Action::SelectNext,
         Action::SelectPrev,
         Action::PageDown,
@@ -78,6 +81,9 @@ impl Action {
         Action::WriteAnswer,
         Action::MergeTask,
         Action::FollowupTask,
+        Action::EditTask,
+        Action::OpenShell,
+        Action::EditDiff,
         Action::OpenPlan,
         Action::OpenStats,
     ];
@@ -118,6 +124,9 @@ impl Action {
             Action::WriteAnswer => "write-answer",
             Action::MergeTask => "merge-task",
             Action::FollowupTask => "followup-task",
+            Action::EditTask => "edit-task",
+            Action::OpenShell => "open-shell",
+            Action::EditDiff => "edit-diff",
             Action::OpenPlan => "open-plan",
             Action::OpenStats => "open-stats",
         }
@@ -159,6 +168,9 @@ impl Action {
             Action::WriteAnswer => "Write the answer as free text instead",
             Action::MergeTask => "Merge a done task into its branch (asks first)",
             Action::FollowupTask => "Follow up a done or failed task in its session",
+            Action::EditTask => "Edit a queued task's prompt before it runs",
+            Action::OpenShell => "Open a shell in the task's worktree ($SHELL; exit returns)",
+            Action::EditDiff => "Open the task's diff in $VISUAL/$EDITOR",
             Action::OpenPlan => "Show the task's plan: dependencies and follow-ups",
             Action::OpenStats => "Show how the queue has been going: the last day in charts",
         }
@@ -182,6 +194,9 @@ impl Action {
             Action::FocusNext => "pane",
             Action::MergeTask => "merge",
             Action::FollowupTask => "follow-up",
+            Action::EditTask => "edit",
+            Action::OpenShell => "shell",
+            Action::EditDiff => "diff in editor",
             Action::OpenPlan => "plan",
             Action::OpenStats => "stats",
             other => other.name(),

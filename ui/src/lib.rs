@@ -11,6 +11,7 @@ pub mod action;
 pub mod app;
 pub mod diff;
 pub mod keymap;
+mod outside;
 pub mod runtime;
 pub mod stats;
 pub mod view;

@@ -2,8 +2,6 @@
 
 use crate::app::{Effect, Event, Header, Model, Op};
 use crate::keymap::Keymap;
-use crossterm::event::{Event as TermEvent, EventStream, KeyEventKind};
-use futures::StreamExt;
 use queue::{Home, Store, TaskId};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -24,7 +22,6 @@ pub struct TuiOptions {
     pub keymap: Keymap,
     /// What the header says about the MCP server; it changes if, say, a public tunnel dies.
     pub mcp: tokio::sync::watch::Receiver<String>,
-    pub token_set: bool,
     pub worker: Option<Arc<Worker>>,
     /// The worker's configuration, to check a new task against (its agent's program, its
     /// model), and the environment the TUI started in.
@@ -61,18 +58,12 @@ pub async fn run(opts: TuiOptions, shutdown: CancellationToken) -> std::io::Resu
     let (tx, mut rx) = mpsc::unbounded_channel::<Msg>();
 
     let t = tx.clone();
-    tokio::spawn(async move {
-        let mut events = EventStream::new();
-        while let Some(Ok(ev)) = events.next().await {
-            let msg = match ev {
-                TermEvent::Key(k) if k.kind != KeyEventKind::Release => Msg::Ev(Event::Key(k)),
-                TermEvent::Resize(_, h) => Msg::Ev(Event::Resize { height: h }),
-                _ => continue,
-            };
-            if t.send(msg).is_err() {
-                break;
-            }
-        }
+    let reader = crate::outside::Reader::spawn(move |input| {
+        let msg = match input {
+            crate::outside::Input::Key(k) => Msg::Ev(Event::Key(k)),
+            crate::outside::Input::Resize(h) => Msg::Ev(Event::Resize { height: h }),
+        };
+        t.send(msg).is_ok()
     });
     let t = tx.clone();
     let _watcher = queue::ChangeWatcher::spawn(&opts.store, move || {
@@ -96,7 +87,6 @@ pub async fn run(opts: TuiOptions, shutdown: CancellationToken) -> std::io::Resu
     model.height = terminal.size().map(|s| s.height).unwrap_or(24);
     let header = |mcp: String, running: usize| Header {
         mcp,
-        token_set: opts.token_set,
         worker_embedded: opts.worker.is_some(),
         worker_running: running,
     };
@@ -164,6 +154,14 @@ pub async fn run(opts: TuiOptions, shutdown: CancellationToken) -> std::io::Resu
                 match e {
                     Effect::Reload => reload = true,
                     Effect::Quit => {}
+                    Effect::Outside(what) => {
+                        let env = &opts.worker_config.env;
+                        let said =
+                            crate::outside::run(&mut terminal, &reader, what, &opts.store, env)
+                                .await;
+                        model.handle(Event::OpDone(said));
+                        dirty = true;
+                    }
                     other => fx.run(other),
                 }
             }
@@ -177,6 +175,24 @@ pub async fn run(opts: TuiOptions, shutdown: CancellationToken) -> std::io::Resu
     }
     drop(terminal);
     Ok(())
+}
+
+/// A task's diff: a live task's from its worktree, against where it started (a stacked task's
+/// dependencies' work); a finished one's from its result.
+pub(crate) fn diff_of(t: queue::Task) -> String {
+    let live = t
+        .worktree
+        .as_deref()
+        .zip(t.branch.as_deref())
+        .filter(|(w, _)| !t.status.is_terminal() && std::path::Path::new(w).exists());
+    match live {
+        Some((wt, branch)) => {
+            let from = t.started_from.as_deref().unwrap_or(&t.base);
+            let (repo, wt) = (std::path::Path::new(&t.repo), std::path::Path::new(wt));
+            worker::diff_against_base(repo, wt, branch, from).map(|d| d.patch).unwrap_or_default()
+        }
+        None => t.result.map(|r| r.diff).unwrap_or_default(),
+    }
 }
 
 struct Effects {
@@ -257,7 +273,8 @@ impl Effects {
             let _ = tx.send(Msg::Ev(ev));
         };
         match effect {
-            Effect::Reload | Effect::Quit => {}
+            // The main loop runs these: they need the terminal.
+            Effect::Reload | Effect::Quit | Effect::Outside(_) => {}
             Effect::Bell { .. } => {
                 let mut out = std::io::stdout();
                 let _ = out.write_all(b"\x07");
@@ -320,24 +337,7 @@ impl Effects {
             Effect::LoadDiff(id) => {
                 tokio::task::spawn_blocking(move || {
                     let Ok(t) = store.get(TaskId(id)) else { return };
-                    // A live task's diff comes from its worktree; a finished one's from its result.
-                    let live = t.worktree.as_deref().zip(t.branch.as_deref()).filter(|(w, _)| {
-                        !t.status.is_terminal() && std::path::Path::new(w).exists()
-                    });
-                    let text = match live {
-                        Some((wt, branch)) => {
-                            // Its own work: against where it started (a stacked task's
-                            // dependencies' work).
-                            let from = t.started_from.as_deref().unwrap_or(&t.base);
-                            let (repo, wt) =
-                                (std::path::Path::new(&t.repo), std::path::Path::new(wt));
-                            worker::diff_against_base(repo, wt, branch, from)
-                                .map(|d| d.patch)
-                                .unwrap_or_default()
-                        }
-                        None => t.result.map(|r| r.diff).unwrap_or_default(),
-                    };
-                    send(Event::DiffLoaded { id, text });
+                    send(Event::DiffLoaded { id, text: diff_of(t) });
                 });
             }
             Effect::Queue(op) => {
@@ -449,6 +449,10 @@ fn apply(
                 )
             })
             .map_err(|e| e.to_string()),
+        Op::Edit(id, text) => store
+            .edit_task(TaskId(id), &text, None)
+            .map(|_| format!("task {id}: prompt changed"))
+            .map_err(e),
         Op::Followup(id, text) => worker::followup(store, TaskId(id), &text)
             .map(|t| format!("task {}: follows up task {id} in its session", t.id.0))
             .map_err(|e| e.to_string()),

@@ -235,7 +235,8 @@ fn header_spans(m: &Model) -> Vec<Span<'static>> {
         count("done", "done"),
         count("failed", "fail"),
         Span::raw(format!("│ {workers} ({here}) │ ")),
-        Span::raw(format!("MCP {}{}", h.mcp, if h.token_set { " (token)" } else { "" })),
+        // The label says how the server asks for its token (`token in …`).
+        Span::raw(format!("MCP {}", h.mcp)),
     ]
 }
 
@@ -354,6 +355,21 @@ fn draw_queue(m: &Model, f: &mut Frame, area: Rect) {
     f.render_widget(table, inner);
 }
 
+/// `text` after `tag`, a line of its own for each of its lines (a question's options below it):
+/// one ratatui line shows a newline as nothing, running them together.
+fn tagged(tag: &str, text: &str) -> Vec<Line<'static>> {
+    if text.is_empty() {
+        return vec![Line::from(tag.trim_end().to_owned())];
+    }
+    text.lines()
+        .enumerate()
+        .map(|(i, l)| {
+            let lead = if i == 0 { tag } else { "   " };
+            Line::from(format!("{lead}{l}"))
+        })
+        .collect()
+}
+
 fn section(lines: &mut Vec<Line<'static>>, title: &str) {
     lines.push(Line::from(""));
     lines.push(Line::styled(title.to_owned(), Style::new().add_modifier(Modifier::BOLD)));
@@ -419,8 +435,8 @@ fn draw_detail(m: &Model, f: &mut Frame, area: Rect) {
     }
     for (i, q) in t.questions.iter().enumerate().filter(|(_, q)| q.answer.is_some()) {
         section(&mut lines, &format!("Q&A {}", i + 1));
-        lines.push(Line::from(format!("Q: {}", q.question)));
-        lines.push(Line::from(format!("A: {}", q.answer.as_deref().unwrap_or(""))));
+        lines.extend(tagged("Q: ", &q.question));
+        lines.extend(tagged("A: ", q.answer.as_deref().unwrap_or("")));
     }
     if let Some(e) = &t.error {
         // A task that is running again after a failed attempt still carries that attempt's

@@ -37,7 +37,6 @@ fn model(rows: Vec<TaskRow>) -> Model {
     m.now = NOW;
     m.handle(Event::Header(Header {
         mcp: "http://127.0.0.1:8765/mcp".into(),
-        token_set: false,
         worker_embedded: true,
         worker_running: 1,
     }));

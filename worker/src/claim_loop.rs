@@ -523,6 +523,9 @@ fn describe(o: &Outcome) -> String {
         Outcome::Done { .. } => "done".into(),
         Outcome::Failed { error, .. } => format!("attempt failed: {error}"),
         Outcome::FailedPermanently { error, .. } => format!("failed: {error}"),
+        // A native ask was logged when the agent made it; a question in the agent's answer
+        // (its prompt-level block) is said here, once.
+        Outcome::Waiting { ask: Some(_), .. } => "waiting for the answer".into(),
         Outcome::Waiting { question, .. } => format!("the agent asks: {question}"),
         Outcome::Cancelled { .. } => "cancelled".into(),
         Outcome::Released => "released back to the queue (worker shutting down)".into(),

@@ -79,7 +79,7 @@ pub use notify::{NotifyConfig, install_tls};
 pub use opencode_config::{
     BRIDGE_MCP_NAME, headless as headless_opencode_config, registered_bridge_unoffered,
 };
-pub use result::TaskResult;
+pub use result::{TaskResult, question_options};
 pub use submit::{SubmitRequest, Submitted, followup, submit, submit_batch};
 pub use trace::enable as enable_traces;
 

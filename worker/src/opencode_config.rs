@@ -202,6 +202,9 @@ mod tests {
         let jsonc = "// mine\n{\"mcp\": {\"taskbridge\": {\"command\": [\"tb\", \"claude-mcp\"]}}}";
         let (_d, cfg) = config_with(&[("opencode.jsonc", jsonc)]);
         assert!(registered_bridge_unoffered(&cfg), "found in JSON with comments");
+        let other = "// mine\n{\"mcp\": {\"taskbridge\": {\"url\": \"http://x\"}}}";
+        let (_d, cfg) = config_with(&[("opencode.jsonc", other)]);
+        assert!(!registered_bridge_unoffered(&cfg), "another server of that name, with comments");
     }
 
     #[test]

@@ -61,6 +61,18 @@ fn without_blocks(text: &str) -> String {
     out.join("\n").trim().to_owned()
 }
 
+/// How a question from the agent's answer carries its options: a last line of its own.
+const OPTIONS: &str = "Options: ";
+const OPTION_SEP: &str = " | ";
+
+/// A question asked in the agent's answer, split into the question and the options it offers
+/// (its last line, as [`question`] writes it), for a picker to offer them; `None` without.
+pub fn question_options(question: &str) -> Option<(&str, Vec<&str>)> {
+    let (text, last) = question.rsplit_once('\n')?;
+    let options: Vec<&str> = last.strip_prefix(OPTIONS)?.split(OPTION_SEP).collect();
+    (!options.iter().any(|o| o.trim().is_empty())).then_some((text, options))
+}
+
 /// The question from a ```taskbridge-question block: plain text, or JSON with a `question` key.
 pub fn question(final_text: &str) -> Option<String> {
     let body = fenced_block(final_text, "taskbridge-question")?;
@@ -75,7 +87,7 @@ pub fn question(final_text: &str) -> Option<String> {
         if let Some(opts) = v.get("options").and_then(Value::as_array) {
             let opts: Vec<String> =
                 opts.iter().map(|o| o.as_str().map_or(o.to_string(), str::to_owned)).collect();
-            q.push_str(&format!("\nOptions: {}", opts.join(" | ")));
+            q.push_str(&format!("\n{OPTIONS}{}", opts.join(OPTION_SEP)));
         }
         return Some(q);
     }
@@ -333,6 +345,18 @@ mod tests {
             Some("Which?\nOptions: a | b")
         );
         assert_eq!(question("no block"), None);
+    }
+
+    #[test]
+    fn a_questions_options_are_read_back_as_it_wrote_them() {
+        let q = question(
+            "```taskbridge-question\n{\"question\": \"Red\nor blue?\", \"options\": [\"red\", \"dark blue\"]}\n```",
+        )
+        .unwrap();
+        assert_eq!(question_options(&q), Some(("Red\nor blue?", vec!["red", "dark blue"])));
+        for plain in ["Which?", "Which?\nOptions: ", "Which?\nOptions: a |  | b", "Options: a"] {
+            assert_eq!(question_options(plain), None, "{plain}");
+        }
     }
 
     fn bash(target: &str) -> ToolCall {

@@ -35,7 +35,9 @@ impl Store {
                     ON p.id = d.depends_on WHERE d.task_id = tasks.id), 0),
                 CASE WHEN pending_answer IS NULL THEN 0 ELSE coalesce((SELECT max(q.answered_at)
                     FROM task_questions q WHERE q.task_id = tasks.id), 0) END)";
+        // A paused queue (`pause_queue`) hands nothing out, an answered task included.
         const RUNNABLE: &str = "t.status = 'queued'
+            AND NOT EXISTS (SELECT 1 FROM settings s WHERE s.key = 'paused')
             AND (t.not_before IS NULL OR t.not_before <= ?3)
             AND NOT EXISTS (SELECT 1 FROM task_deps d JOIN tasks p
                  ON p.id = d.depends_on WHERE d.task_id = t.id AND p.status != 'done')
@@ -202,13 +204,7 @@ impl Store {
                 args![worker],
             )?
             .iter()
-            .map(|r| {
-                Ok(Orphan {
-                    pid: r.get(0)?,
-                    started: r.get(1)?,
-                    task: r.get::<Option<i64>>(2)?.map(TaskId),
-                })
-            })
+            .map(orphan)
             .collect()
         })
     }
@@ -223,14 +219,13 @@ impl Store {
                 args![host],
             )?
             .iter()
-            .map(|r| {
-                Ok(Orphan {
-                    pid: r.get(0)?,
-                    started: r.get(1)?,
-                    task: r.get::<Option<i64>>(2)?.map(TaskId),
-                })
-            })
+            .map(orphan)
             .collect()
         })
     }
+}
+
+/// An agent's process from a row of `pid, started, task id`.
+fn orphan(r: &Row) -> Result<Orphan> {
+    Ok(Orphan { pid: r.get(0)?, started: r.get(1)?, task: r.get::<Option<i64>>(2)?.map(TaskId) })
 }

@@ -238,6 +238,10 @@ fn id_list(ids: Option<String>) -> Vec<TaskId> {
     ids.unwrap_or_default().split(',').filter_map(|s| s.parse().ok().map(TaskId)).collect()
 }
 
+/// The setting that pauses the queue (its value: when, in seconds since the epoch); the claim's
+/// SQL names it too.
+const PAUSED: &str = "paused";
+
 fn get_setting(conn: &mut dyn Tx, key: &str) -> Result<Option<String>> {
     conn.query_opt("SELECT value FROM settings WHERE key = ?1", args![key])?
         .map(|r| r.get(0))

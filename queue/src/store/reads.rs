@@ -126,6 +126,7 @@ impl Store {
                 )?
                 .get(0)?;
             let default_model = get_setting(conn, "default_model")?;
+            let paused = get_setting(conn, PAUSED)?.is_some();
             let mut spend_today = Spend::default();
             for row in conn.query(
                 "SELECT status, coalesce(sum(cost_usd), 0.0),
@@ -151,6 +152,7 @@ impl Store {
                 workers_alive,
                 default_model,
                 spend_today,
+                paused,
             })
         })
     }

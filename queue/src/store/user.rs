@@ -134,6 +134,10 @@ impl Store {
                         b.scope, spent
                     );
                     end_terminal(tx, now, id, TaskStatus::Failed, Some(&msg), None)?;
+                    tx.exec(
+                        "UPDATE tasks SET failure_kind = ?1 WHERE id = ?2",
+                        args![FailureKind::Budget.as_str(), id.0],
+                    )?;
                     return load_task(tx, id);
                 }
                 if let Answer::BudgetContinue(new) = p {
@@ -313,6 +317,40 @@ impl Store {
                 args![id.0, note, now],
             )?;
             tx.exec("UPDATE tasks SET updated_at = ?1 WHERE id = ?2", args![now, id.0])?;
+            load_task(tx, id)
+        })
+    }
+
+    /// Replaces a queued task's prompt (and its title, when given) before any worker has run
+    /// it: once an attempt ran, the agent's session holds the old prompt.
+    pub fn edit_task(&self, id: TaskId, prompt: &str, title: Option<&str>) -> Result<Task> {
+        if prompt.trim().is_empty() {
+            return Err(Error::invalid("prompt", "the new prompt is empty; say what to do"));
+        }
+        if title.is_some_and(|t| t.trim().is_empty()) {
+            return Err(Error::invalid("title", "the new title is empty; leave it out to keep it"));
+        }
+        self.write(|tx, now| {
+            let from = status_of(tx, id)?;
+            let row = tx.query_one(
+                "SELECT attempts, pending_answer IS NOT NULL FROM tasks WHERE id = ?1",
+                args![id.0],
+            )?;
+            let (attempts, resumes): (i64, bool) = (row.get(0)?, row.get(1)?);
+            if from != TaskStatus::Queued || attempts > 0 || resumes {
+                return Err(Error::InvalidTransition {
+                    id,
+                    from,
+                    action: "edit",
+                    allowed: "queued and not yet run (a task that ran keeps its prompt; \
+                              add a note, or cancel it and submit anew)",
+                });
+            }
+            tx.exec(
+                "UPDATE tasks SET prompt = ?1, title = coalesce(?2, title), updated_at = ?3
+                  WHERE id = ?4",
+                args![prompt, title, now, id.0],
+            )?;
             load_task(tx, id)
         })
     }

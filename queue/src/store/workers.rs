@@ -125,6 +125,25 @@ impl Store {
         })
     }
 
+    /// Pauses the queue: workers finish what they run and claim nothing new until
+    /// `resume_queue`. True when it was not paused before.
+    pub fn pause_queue(&self) -> Result<bool> {
+        self.write(|tx, now| {
+            let was = get_setting(tx, PAUSED)?.is_some();
+            tx.exec(
+                "INSERT INTO settings (key, value) VALUES (?1, ?2)
+                 ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                args![PAUSED, now.to_string()],
+            )?;
+            Ok(!was)
+        })
+    }
+
+    /// Lets workers claim again; true when the queue was paused.
+    pub fn resume_queue(&self) -> Result<bool> {
+        self.write(|tx, _| Ok(tx.exec("DELETE FROM settings WHERE key = ?1", args![PAUSED])? > 0))
+    }
+
     pub fn setting(&self, key: &str) -> Result<Option<String>> {
         self.read(|conn| get_setting(conn, key))
     }

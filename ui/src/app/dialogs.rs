@@ -29,6 +29,36 @@ pub struct Choice {
 }
 
 impl Choice {
+    /// The list for a question the agent asked in its answer with options (no native ask
+    /// behind it), or `None` when it offers none.
+    pub fn for_question(id: i64, question: &str) -> Option<Choice> {
+        let (text, options) = worker::question_options(question)?;
+        let mut items: Vec<ChoiceItem> = options
+            .iter()
+            .map(|o| ChoiceItem {
+                label: (*o).to_owned(),
+                description: None,
+                send: Some((*o).to_owned()),
+                prefill: String::new(),
+            })
+            .collect();
+        items.push(ChoiceItem {
+            label: "Type my own answer…".into(),
+            description: Some("free text, in the editor".into()),
+            send: None,
+            prefill: String::new(),
+        });
+        Some(Choice {
+            id,
+            question: text.to_owned(),
+            header: None,
+            items,
+            multiple: false,
+            sel: 0,
+            picked: Default::default(),
+        })
+    }
+
     /// The list for `ask`, or `None` when it is best answered in the editor (no options, or
     /// several questions at once).
     pub fn for_ask(id: i64, ask: &queue::Ask) -> Option<Choice> {
@@ -285,6 +315,7 @@ impl Model {
                     EditorKind::Answer(id) => vec![Effect::Queue(Op::Answer(id, text))],
                     EditorKind::Note(id) => vec![Effect::Queue(Op::Note(id, text))],
                     EditorKind::Followup(id) => vec![Effect::Queue(Op::Followup(id, text))],
+                    EditorKind::Edit(id) => vec![Effect::Queue(Op::Edit(id, text))],
                     EditorKind::Search => {
                         self.search_log(text.trim());
                         vec![]

@@ -42,6 +42,8 @@ pub enum EditorKind {
     Answer(i64),
     Note(i64),
     Followup(i64),
+    /// A queued task's new prompt.
+    Edit(i64),
     Search,
 }
 
@@ -76,6 +78,7 @@ pub enum Op {
     Submit { prompt: String, repo: String },
     Merge(i64),
     Followup(i64, String),
+    Edit(i64, String),
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -97,7 +100,16 @@ pub enum Effect {
         title: String,
         body: String,
     },
+    /// The TUI steps aside for a program on the terminal, and comes back as it was: a shell in
+    /// the task's worktree, or the editor on its diff.
+    Outside(Outside),
     Quit,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outside {
+    Shell(i64),
+    EditDiff(i64),
 }
 
 /// Results and facts coming into the app.
@@ -151,7 +163,6 @@ pub enum Event {
 pub struct Header {
     /// The MCP endpoint, or why there is none (e.g. the port is in use).
     pub mcp: String,
-    pub token_set: bool,
     pub worker_embedded: bool,
     pub worker_running: usize,
 }
@@ -190,6 +201,8 @@ pub struct Model {
     pub filter: Option<StatusFilter>,
     pub detail: Option<Task>,
     pub detail_scroll: usize,
+    /// A task whose prompt opens in the editor once its detail (with the prompt) is loaded.
+    pub edit_when_loaded: Option<i64>,
     pub log: LogView,
     pub diff: DiffView,
     pub question_sel: usize,
@@ -255,6 +268,7 @@ impl Model {
             filter: None,
             detail: None,
             detail_scroll: 0,
+            edit_when_loaded: None,
             log: LogView { follow: true, ..Default::default() },
             diff: DiffView::default(),
             question_sel: 0,
@@ -375,6 +389,10 @@ impl Model {
                 vec![]
             }
             Event::DetailLoaded(t) => {
+                if self.edit_when_loaded == Some(t.id.0) {
+                    self.edit_when_loaded = None;
+                    self.edit_prompt(&t);
+                }
                 if Some(t.id.0) == self.selected_id()
                     || self.detail.as_ref().is_some_and(|d| d.id == t.id)
                 {
@@ -472,11 +490,24 @@ impl Model {
         counts: BTreeMap<String, i64>,
         workers: Vec<String>,
     ) -> Vec<Effect> {
-        let keep = self.select_next.take().or_else(|| self.selected_id());
+        let mut keep = self.select_next.take().or_else(|| self.selected_id());
         let mut effects = Vec::new();
         // Notify on transitions into waiting, done and failed (not on the first load).
         for r in &rows {
             let before = self.seen.insert(r.id.0, r.status);
+            // A task that starts waiting is said on the message line and, unless a dialog is
+            // open, selected, so that `a` answers it at once.
+            if self.loaded_once
+                && r.status == TaskStatus::Waiting
+                && before != Some(TaskStatus::Waiting)
+            {
+                let question = r.question.as_deref().unwrap_or("a decision");
+                let first = question.lines().next().unwrap_or_default();
+                self.message = Some(format!("#{} is waiting: {first} (a answers)", r.id.0));
+                if self.popup.is_none() {
+                    keep = Some(r.id.0);
+                }
+            }
             if self.loaded_once && before.is_some() && before != Some(r.status) {
                 let what = match r.status {
                     TaskStatus::Waiting => Some("asks a question"),
@@ -523,8 +554,22 @@ impl Model {
     }
 
     fn key(&mut self, k: KeyEvent) -> Vec<Effect> {
+        use crossterm::event::{KeyCode, KeyModifiers};
         let mode = self.mode();
         let action = self.keymap.resolve(mode, &k);
+        let typing = matches!(self.popup, Some(Popup::Editor { .. } | Popup::NewTask(_)));
+        // A terminal sends Alt-x as Esc then x, so Esc and a key typed at once reach us as
+        // Alt and that key. Unbound, outside a text field (where Alt-f and the like move by
+        // words), it is read as the two keys the person pressed.
+        if action.is_none()
+            && !typing
+            && k.modifiers.contains(KeyModifiers::ALT)
+            && matches!(k.code, KeyCode::Char(_))
+        {
+            let mut effects = self.key(KeyEvent::new(KeyCode::Esc, KeyModifiers::NONE));
+            effects.extend(self.key(KeyEvent::new(k.code, k.modifiers - KeyModifiers::ALT)));
+            return effects;
+        }
         if action.is_none() {
             match &mut self.popup {
                 Some(Popup::Editor { area, .. }) => {
@@ -603,6 +648,9 @@ impl Model {
             }
             Action::MergeTask => self.merge(),
             Action::FollowupTask => self.followup(),
+            Action::EditTask => self.edit(),
+            Action::OpenShell => self.outside(Outside::Shell),
+            Action::EditDiff => self.outside(Outside::EditDiff),
             Action::AnswerTask => self.answer(),
             Action::SubmitTask => self.new_task(),
             Action::AddTaskNote => self.note(),

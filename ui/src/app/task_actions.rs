@@ -41,11 +41,57 @@ impl Model {
         }
     }
 
+    /// A queued task's prompt, in the editor: at once when its detail is loaded, else once it
+    /// is.
+    pub(super) fn edit(&mut self) -> Vec<Effect> {
+        match self.target() {
+            Some(r) if r.status == TaskStatus::Queued => {
+                let id = r.id.0;
+                match self.detail.clone().filter(|d| d.id.0 == id) {
+                    Some(t) => {
+                        self.edit_prompt(&t);
+                        vec![]
+                    }
+                    None => {
+                        self.edit_when_loaded = Some(id);
+                        vec![Effect::LoadDetail(id)]
+                    }
+                }
+            }
+            Some(r) => self.say(format!(
+                "task {} is {}: only a queued task's prompt can be edited",
+                r.id.0,
+                r.display_status()
+            )),
+            None => self.say("no task selected".into()),
+        }
+    }
+
+    pub(super) fn edit_prompt(&mut self, t: &queue::Task) {
+        let title = format!(" Edit task {}'s prompt (Ctrl-S saves, Esc cancels) ", t.id.0);
+        let mut area = editor(&title);
+        area.insert_str(&t.prompt);
+        self.popup = Some(Popup::Editor { kind: EditorKind::Edit(t.id.0), area });
+    }
+
+    /// A shell in the selected task's worktree, or its diff in the editor.
+    pub(super) fn outside(&mut self, what: fn(i64) -> Outside) -> Vec<Effect> {
+        match self.target() {
+            Some(r) => vec![Effect::Outside(what(r.id.0))],
+            None => self.say("no task selected".into()),
+        }
+    }
+
     /// A decision with answers on offer opens the choice list; anything else the editor.
     pub(super) fn answer(&mut self) -> Vec<Effect> {
         match self.target() {
             Some(r) if r.status == TaskStatus::Waiting => {
-                if let Some(choice) = r.ask.as_ref().and_then(|a| Choice::for_ask(r.id.0, a)) {
+                let choice = match (&r.ask, &r.question) {
+                    (Some(a), _) => Choice::for_ask(r.id.0, a),
+                    (None, Some(q)) => Choice::for_question(r.id.0, q),
+                    (None, None) => None,
+                };
+                if let Some(choice) = choice {
                     self.popup = Some(Popup::Choose(Box::new(choice)));
                     return vec![];
                 }

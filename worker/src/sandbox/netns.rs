@@ -378,9 +378,17 @@ mod tests {
     async fn reached_from_outside(userns: bool) {
         let (child, link, port) = server_inside(userns).await;
         // The process the worker started is the program itself, not the helper.
+        // Read once it has exec'd: until then it is a copy of this test (or, mid-exec, empty).
         let pid = child.id().unwrap();
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
-        let cmdline = String::from_utf8_lossy(&cmdline);
+        let cmdline = || {
+            let raw = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            String::from_utf8_lossy(&raw).into_owned()
+        };
+        let start = std::time::Instant::now();
+        while !cmdline().contains("python3") && start.elapsed().as_secs() < 60 {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        let cmdline = cmdline();
         assert!(cmdline.contains("python3") && !cmdline.contains("taskbridge"), "{cmdline}");
         // The listener the child bound for the proxy arrived (it was sent before the exec).
         let _out = link.forward().unwrap();
