@@ -199,6 +199,15 @@ pub struct SetModelArgs {
 #[serde(deny_unknown_fields)]
 pub struct Empty {}
 
+#[derive(Debug, Deserialize, JsonSchema, Default)]
+#[serde(deny_unknown_fields)]
+pub struct ListWorkersArgs {
+    /// Every worker the queue has seen; by default those stopped or silent for over a day are
+    /// left out.
+    #[serde(default)]
+    pub all: bool,
+}
+
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FollowupArgs {
@@ -618,8 +627,11 @@ impl TaskBridge {
     #[tool(
         output_schema = schema_for_output::<WorkersReply>(),
         annotations(title = "List workers", read_only_hint = true))]
-    async fn list_workers(&self, Parameters(_): Parameters<Empty>) -> ToolResult {
-        match self.read_now(|s| Ok(s.list_workers()?)) {
+    async fn list_workers(&self, Parameters(args): Parameters<ListWorkersArgs>) -> ToolResult {
+        let listed = self.read_now(move |s| {
+            Ok(if args.all { s.list_all_workers()? } else { s.list_workers()? })
+        });
+        match listed {
             Ok(workers) => ok(WorkersReply { workers }),
             Err(e) => self.fail(e),
         }

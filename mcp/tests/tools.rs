@@ -272,6 +272,11 @@ async fn notes_priority_cancel_retry_and_clear() {
     assert_eq!(w.call("worker_heartbeat", json!({})).await, workers);
     let tools = w.client.list_all_tools().await.unwrap();
     assert!(tools.iter().all(|t| t.name != "worker_heartbeat"));
+    // The history, on request.
+    w.store.register_worker("w-old", 1, "h", 1, "opencode serve").unwrap();
+    w.store.worker_stopped("w-old").unwrap();
+    let all = w.call("list_workers", json!({"all": true})).await;
+    assert_eq!(all["workers"][0]["id"], "w-old", "{all}");
 }
 
 /// The host a server goes by is the one its environment names (`TASKBRIDGE_HOST`), not the

@@ -222,6 +222,7 @@ fn public_mode_in_the_tui_shows_the_url_guards_it_and_reports_a_dead_tunnel() {
     let screen = tmux.wait_for(&format!("https://{host}/mcp (public"));
     let p = tui_port(&env, None);
     assert!(screen.contains(&format!("token in {}", env.home.join("token").display())), "{screen}");
+    assert!(!screen.contains("(token)"), "the token is said once:\n{screen}");
     let token = std::fs::read_to_string(env.home.join("token")).unwrap();
     let token = token.trim();
     assert_eq!(post(p, host, Some(token)), 200, "the tunnel's host with the token");

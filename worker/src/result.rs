@@ -350,7 +350,7 @@ mod tests {
     #[test]
     fn a_questions_options_are_read_back_as_it_wrote_them() {
         let q = question(
-            "```taskbridge-question\n{\"question\": \"Red\nor blue?\", \"options\": [\"red\", \"dark blue\"]}\n```",
+            "```taskbridge-question\n{\"question\": \"Red\\nor blue?\", \"options\": [\"red\", \"dark blue\"]}\n```",
         )
         .unwrap();
         assert_eq!(question_options(&q), Some(("Red\nor blue?", vec!["red", "dark blue"])));
