@@ -59,6 +59,7 @@ on_both!(
     every_bound_takes_its_limit_and_refuses_one_past_it,
     an_answer_and_a_note_take_the_limit_and_clearing_takes_only_an_age_and_finished_states,
     a_merge_is_recorded_on_done_tasks_only_and_all_or_nothing,
+    a_queued_prompt_is_edited_until_it_runs_and_a_paused_queue_hands_nothing_out,
 );
 
 fn open(b: Backend) -> (Db, Store) {
@@ -1681,4 +1682,43 @@ fn a_merge_is_recorded_on_done_tasks_only_and_all_or_nothing(b: Backend) {
         (merged.merged_into.as_deref(), merged.merge_commit.as_deref()),
         (Some("main"), Some("abc123"))
     );
+}
+
+fn a_queued_prompt_is_edited_until_it_runs_and_a_paused_queue_hands_nothing_out(b: Backend) {
+    let (_d, store) = open(b);
+    let id = submit(&store, "first prompt");
+    let title = store.get(id).unwrap().title;
+    let t = store.edit_task(id, "second prompt", None).unwrap();
+    assert_eq!((t.prompt.as_str(), t.title.as_str()), ("second prompt", title.as_str()));
+    let t = store.edit_task(id, "third prompt", Some("renamed")).unwrap();
+    assert_eq!((t.prompt.as_str(), t.title.as_str()), ("third prompt", "renamed"));
+    for (prompt, title) in [(" ", None), ("ok", Some(" "))] {
+        let e = store.edit_task(id, prompt, title).unwrap_err();
+        assert!(matches!(e, Error::Invalid { .. }), "{e}");
+    }
+    assert_eq!(store.get(id).unwrap().prompt, "third prompt", "a refused edit writes nothing");
+
+    // Paused: nothing is handed out, whatever is queued; twice is said, and so is resuming.
+    assert!(store.pause_queue().unwrap(), "paused now");
+    assert!(!store.pause_queue().unwrap(), "already paused");
+    assert!(store.queue_status().unwrap().paused);
+    assert!(claim(&store).is_none(), "a paused queue hands nothing out");
+    assert!(store.resume_queue().unwrap(), "resumed now");
+    assert!(!store.resume_queue().unwrap(), "was not paused");
+    assert!(!store.queue_status().unwrap().paused);
+
+    // Running, then queued again after a failed attempt: the prompt the agent saw stays.
+    let c = claim(&store).unwrap();
+    let e = store.edit_task(id, "too late", None).unwrap_err();
+    assert!(matches!(e, Error::InvalidTransition { .. }), "{e}");
+    let failed = Outcome::Failed {
+        error: "API 500".into(),
+        kind: FailureKind::Provider,
+        result: None,
+        backoff_s: 0.0,
+    };
+    assert_eq!(store.finish(id, c.token, failed).unwrap().status, TaskStatus::Queued);
+    let e = store.edit_task(id, "too late", None).unwrap_err();
+    assert!(e.to_string().contains("queued and not yet run"), "{e}");
+    assert_eq!(store.get(id).unwrap().prompt, "third prompt");
 }

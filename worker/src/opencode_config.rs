@@ -183,6 +183,10 @@ mod tests {
         let v: Value =
             serde_json::from_str(&with_task_bridge(Some(r#"{"snapshot": false}"#), &cfg)).unwrap();
         assert_eq!(v, json!({"snapshot": false, "mcp": {"taskbridge": {"enabled": false}}}));
+        // An `mcp` that is not a table is replaced, not indexed into.
+        let v: Value =
+            serde_json::from_str(&with_task_bridge(Some(r#"{"mcp": 5}"#), &cfg)).unwrap();
+        assert_eq!(v, json!({"mcp": {"taskbridge": {"enabled": false}}}));
         // The worker's own bridge instead, when it offers one.
         cfg.claude_bridge = Some(vec!["/bin/taskbridge".into(), "claude-mcp".into()]);
         assert!(!registered_bridge_unoffered(&cfg));
@@ -202,6 +206,10 @@ mod tests {
         let jsonc = "// mine\n{\"mcp\": {\"taskbridge\": {\"command\": [\"tb\", \"claude-mcp\"]}}}";
         let (_d, cfg) = config_with(&[("opencode.jsonc", jsonc)]);
         assert!(registered_bridge_unoffered(&cfg), "found in JSON with comments");
+        // A server of that name that is not the bridge (its command does not serve it).
+        let mine = r#"{"mcp": {"taskbridge": {"type": "local", "command": ["tb", "mcp"]}}}"#;
+        let (_d, cfg) = config_with(&[("opencode.json", mine)]);
+        assert!(!registered_bridge_unoffered(&cfg), "the main server under that name");
         let other = "// mine\n{\"mcp\": {\"taskbridge\": {\"url\": \"http://x\"}}}";
         let (_d, cfg) = config_with(&[("opencode.jsonc", other)]);
         assert!(!registered_bridge_unoffered(&cfg), "another server of that name, with comments");
