@@ -77,16 +77,7 @@ impl Worker {
         // shared queue cannot reach them).
         let host = self.host.clone();
         match self.blocking(move |s| s.take_orphans(&host)).await {
-            Ok(orphans) => {
-                let _ = tokio::task::spawn_blocking(move || {
-                    for o in orphans {
-                        if process::kill_orphan(o.pid, o.started.as_deref()) {
-                            tracing::warn!(task = ?o.task, pid = o.pid, "killed the orphaned agent");
-                        }
-                    }
-                })
-                .await;
-            }
+            Ok(orphans) => kill_agents(orphans, "killed the orphaned agent").await,
             Err(e) => tracing::warn!(error = %e, "collecting orphaned agents failed"),
         }
     }
@@ -162,14 +153,7 @@ impl Worker {
             // a rerun must not meet the dead run's commands (issue #55).
             let wid = w.id.clone();
             if let Ok(agents) = self.blocking(move |s| s.running_agents(&wid)).await {
-                let _ = tokio::task::spawn_blocking(move || {
-                    for a in agents {
-                        if process::kill_orphan(a.pid, a.started.as_deref()) {
-                            tracing::warn!(task = ?a.task, pid = a.pid, "killed a dead worker's agent");
-                        }
-                    }
-                })
-                .await;
+                kill_agents(agents, "killed a dead worker's agent").await;
             }
             let wid = w.id.clone();
             if let Ok(ids) = self.blocking(move |s| s.release_worker_tasks(&wid)).await
@@ -296,6 +280,19 @@ impl Worker {
         let path = crate::agent::opencode_serve::spares_file(&self.home, &self.id);
         let _ = std::fs::write(path, serde_json::Value::Array(list).to_string());
     }
+}
+
+/// Kills each agent that is still the process recorded, and waits until nothing of it runs
+/// (off the async threads: the kernel may take a moment).
+async fn kill_agents(agents: Vec<queue::Orphan>, said: &'static str) {
+    let _ = tokio::task::spawn_blocking(move || {
+        for a in agents {
+            if process::kill_orphan(a.pid, a.started.as_deref()) {
+                tracing::warn!(task = ?a.task, pid = a.pid, "{said}");
+            }
+        }
+    })
+    .await;
 }
 
 #[cfg(test)]
