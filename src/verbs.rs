@@ -62,12 +62,12 @@ pub fn wait(store: &Arc<Store>, ids: &[i64], timeout: Option<u64>) -> anyhow::Re
             let _ = cv.wait_timeout(guard, Duration::from_secs(1));
         }
     };
-    let mut code = 0;
+    let (mut failed, mut asks) = (false, false);
     for t in &tasks {
         let line = match t.status {
             TaskStatus::Done => "done".to_owned(),
             TaskStatus::Waiting => {
-                code = code.max(WAIT_ASKS);
+                asks = true;
                 let q = t.question.as_deref().unwrap_or("a decision");
                 format!(
                     "waiting: {} (`taskbridge answer {} …`)",
@@ -76,7 +76,7 @@ pub fn wait(store: &Arc<Store>, ids: &[i64], timeout: Option<u64>) -> anyhow::Re
                 )
             }
             s => {
-                code = WAIT_FAILED;
+                failed = true;
                 match &t.error {
                     Some(e) => format!("{s}: {e}"),
                     None => s.to_string(),
@@ -86,7 +86,11 @@ pub fn wait(store: &Arc<Store>, ids: &[i64], timeout: Option<u64>) -> anyhow::Re
         outln!("task {}: {line}", t.id.0);
     }
     // A failure outranks a question: it is what a script must see first.
-    Ok(ExitCode::from(if code == WAIT_FAILED { WAIT_FAILED } else { code }))
+    Ok(ExitCode::from(match (failed, asks) {
+        (true, _) => WAIT_FAILED,
+        (false, true) => WAIT_ASKS,
+        (false, false) => 0,
+    }))
 }
 
 /// `edit ID [PROMPT]`: a queued task's new prompt, from the argument (`-`: stdin) or, with

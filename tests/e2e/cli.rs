@@ -454,6 +454,13 @@ fn wait_pause_resume_edit_and_completions_as_a_script_uses_them() {
     let out = env.run(&["wait-for", &b.to_string()]);
     assert_eq!(out.status.code(), Some(4), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stdout).contains("waiting: SQLite or Postgres?"));
+    // A failure outranks a question, in whichever order they are named.
+    let c = env.submit(&["Never run"]);
+    env.ok(&["cancel", &c.to_string()]);
+    for ids in [[b, c], [c, b]] {
+        let out = env.run(&["wait", &ids[0].to_string(), &ids[1].to_string()]);
+        assert_eq!(out.status.code(), Some(3), "{ids:?}: {out:?}");
+    }
     env.ok(&["cancel", &b.to_string()]);
     let out = env.run(&["wait", &a.to_string(), &b.to_string()]);
     assert_eq!(out.status.code(), Some(3), "{out:?}");
