@@ -281,8 +281,10 @@ pub struct WorkerArgs {
     /// Offer the reverse bridge (`claude-mcp`) to every task run, so the agent can ask Claude.
     #[arg(long)]
     pub claude_bridge: bool,
-    /// How to drive OpenCode: `run` (a process per prompt) or `serve` (one warm `opencode
-    /// serve` per worker). Default: `[worker] opencode_mode` in the config file, else serve.
+    /// How to drive OpenCode: `serve` (one warm `opencode serve` per worker), `acp` (one warm
+    /// `opencode acp` per repository, over the Agent Client Protocol) or `run` (a process per
+    /// prompt). Default: `[worker] opencode_mode` in the config file, else serve; an OpenCode 2
+    /// always runs over ACP.
     #[arg(long = "opencode", value_name = "MODE")]
     pub opencode_mode: Option<worker::OpenCodeMode>,
     /// Run tasks from this worker's mirror of each task's remote (under its home) and push
@@ -309,8 +311,10 @@ pub struct EmbeddedWorker {
     /// Offer the reverse bridge (`claude-mcp`) to every task run, so the agent can ask Claude.
     #[arg(long)]
     pub claude_bridge: bool,
-    /// How to drive OpenCode: `run` (a process per prompt) or `serve` (one warm `opencode
-    /// serve` per worker). Default: `[worker] opencode_mode` in the config file, else serve.
+    /// How to drive OpenCode: `serve` (one warm `opencode serve` per worker), `acp` (one warm
+    /// `opencode acp` per repository, over the Agent Client Protocol) or `run` (a process per
+    /// prompt). Default: `[worker] opencode_mode` in the config file, else serve; an OpenCode 2
+    /// always runs over ACP.
     #[arg(long = "opencode", value_name = "MODE")]
     pub opencode_mode: Option<worker::OpenCodeMode>,
 }

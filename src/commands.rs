@@ -371,8 +371,19 @@ fn models(
 ) -> anyhow::Result<()> {
     let store = &ctx.store;
     let opencode = &ctx.config.worker.opencode;
-    let agent = worker::agent::AgentSpec::parse(agent.as_deref().unwrap_or(""))
+    let agents = &ctx.config.worker.agents;
+    let agent = worker::agent::AgentSpec::resolve(agent.as_deref().unwrap_or(""), agents)
         .map_err(|e| anyhow::anyhow!(e))?;
+    if let Some(configured) = agent.configured.as_deref().and_then(|n| ctx.config.worker.agent(n)) {
+        let (models, note) = worker::models::configured_agent_models(configured, &ctx.env)?;
+        for m in models {
+            outln!("{m}");
+        }
+        if let Some(note) = note {
+            eprintln!("({note})");
+        }
+        return Ok(());
+    }
     if agent.kind != worker::agent::AgentKind::OpenCode {
         if set_default.is_some() {
             anyhow::bail!(

@@ -16,6 +16,18 @@ pub struct FileConfig {
     pub worker: WorkerSection,
     pub notify: NotifySection,
     pub sandbox: SandboxSection,
+    /// `[agents.NAME]`: agents that speak ACP, by the name tasks give them.
+    pub agents: std::collections::BTreeMap<String, AgentSection>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AgentSection {
+    /// The program and its arguments, as a list (`["opencode", "acp"]`).
+    pub command: Vec<String>,
+    /// Only "acp" for now; said, so that a config written for another protocol is refused.
+    pub protocol: Option<String>,
+    pub env: std::collections::BTreeMap<String, String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -60,6 +72,28 @@ pub fn config_dir(env: &queue::Environment) -> Option<PathBuf> {
     Some(base.join("taskbridge"))
 }
 
+/// An `[agents.NAME]` table, checked: a name a task can give, a command, the protocol ACP.
+fn check_agent(path: &Path, name: &str, agent: &AgentSection) -> anyhow::Result<()> {
+    let at = format!("{}: [agents.{name}]", path.display());
+    let builtin = ["opencode", "claude-code", "claude", "codex"];
+    if builtin.contains(&name) || name.starts_with("opencode:") {
+        bail!("{at}: '{name}' is a built-in agent's name; give this one another name");
+    }
+    if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
+        bail!("{at}: an agent's name is letters, digits, '-', '_' and '.'");
+    }
+    if agent.command.first().is_none_or(|p| p.trim().is_empty()) {
+        bail!(
+            "{at} has no command: give the program and its arguments as a list, for example \
+             command = [\"opencode\", \"acp\"]"
+        );
+    }
+    if let Some(p) = agent.protocol.as_deref().filter(|p| *p != "acp") {
+        bail!("{at}: protocol = \"{p}\" is not one TaskBridge speaks; use \"acp\" (the default)");
+    }
+    Ok(())
+}
+
 /// Reads the config file; a missing file is the defaults.
 pub fn read_file(path: &Path) -> anyhow::Result<FileConfig> {
     let text = match std::fs::read_to_string(path) {
@@ -74,6 +108,9 @@ pub fn read_file(path: &Path) -> anyhow::Result<FileConfig> {
             path.display()
         )
     })?;
+    for (name, agent) in &cfg.agents {
+        check_agent(path, name, agent)?;
+    }
     if let Some(url) = &cfg.notify.webhook
         && !(url.starts_with("http://") || url.starts_with("https://"))
     {
@@ -130,7 +167,17 @@ impl Config {
             w.opencode_mode = m.parse().map_err(|e: String| {
                 anyhow::anyhow!("{e} (TASKBRIDGE_OPENCODE_MODE or [worker] opencode_mode)")
             })?;
+            w.opencode_mode_chosen = true;
         }
+        w.agents = file
+            .agents
+            .into_iter()
+            .map(|(name, a)| worker::ConfiguredAgent {
+                name,
+                command: a.command,
+                env: a.env.into_iter().collect(),
+            })
+            .collect();
         w.claude = worker::agent::AgentKind::ClaudeCode.program_in(environment);
         w.codex = worker::agent::AgentKind::Codex.program_in(environment);
         w.env = environment.clone();

@@ -88,28 +88,79 @@ fn sandbox(ctx: &Ctx) -> Check {
 }
 
 fn opencode(ctx: &Ctx) -> Check {
+    use worker::agent::{OPENCODE2_PACKAGE, OPENCODE2_TESTED};
     let program = &ctx.config.worker.opencode;
     let install = format!(
-        "install it with `npm install -g opencode-ai@{OPENCODE_TESTED}`, or set TASKBRIDGE_OPENCODE \
+        "install it with `npm install -g {OPENCODE2_PACKAGE}@{OPENCODE2_TESTED}` (OpenCode 2) or \
+         `npm install -g opencode-ai@{OPENCODE_TESTED}` (OpenCode 1), or set TASKBRIDGE_OPENCODE \
          (or `[worker] opencode` in the config file) to its path"
     );
     let Some(path) = ctx.env.find_program(program) else {
         return fail(format!("OpenCode: '{}' not found", program.display()), install);
     };
-    match output(&path, &["--version"], Duration::from_secs(30)) {
-        Ok(v) if v.trim() == OPENCODE_TESTED => {
-            ok(format!("OpenCode {} at {}", v.trim(), path.display()))
-        }
-        Ok(v) => warn(
+    let version = match worker::agent::opencode_version(&path, &ctx.env) {
+        Some(v) => v,
+        None => match output(&path, &["--version"], Duration::from_secs(30)) {
+            Ok(v) => v.split_whitespace().last().unwrap_or("").trim_start_matches('v').to_owned(),
+            Err(e) => {
+                return fail(format!("OpenCode at {} does not run: {e}", path.display()), install);
+            }
+        },
+    };
+    let major = worker::agent::major(&version);
+    let chosen = ctx.config.worker.opencode_mode;
+    let way = match (major, chosen) {
+        (Some(m), _) if m >= 2 => "over ACP (`opencode acp`, one per repository)".to_owned(),
+        (_, worker::OpenCodeMode::Acp) => "over ACP (`opencode acp`, one per repository)".into(),
+        (_, worker::OpenCodeMode::Serve) => "on its warm server (`opencode serve`)".into(),
+        (_, worker::OpenCodeMode::Run) => "a process per prompt (`opencode run`)".into(),
+    };
+    let line = format!(
+        "OpenCode {version} (major version {}) at {}: tasks run {way}",
+        major.map_or_else(|| "?".to_owned(), |m| m.to_string()),
+        path.display()
+    );
+    let tested = [OPENCODE_TESTED, OPENCODE2_TESTED];
+    match (major, tested.contains(&version.as_str())) {
+        (_, true) => ok(line),
+        (Some(1 | 2), false) => warn(
+            format!("{line} (TaskBridge is tested with {OPENCODE_TESTED} and {OPENCODE2_TESTED})"),
             format!(
-                "OpenCode {} at {} (TaskBridge is tested with {OPENCODE_TESTED})",
-                v.trim(),
-                path.display()
+                "if tasks misbehave, `npm install -g {OPENCODE2_PACKAGE}@{OPENCODE2_TESTED}` or \
+                 `npm install -g opencode-ai@{OPENCODE_TESTED}`"
             ),
-            format!("if tasks misbehave, `npm install -g opencode-ai@{OPENCODE_TESTED}`"),
         ),
-        Err(e) => fail(format!("OpenCode at {} does not run: {e}", path.display()), install),
+        _ => warn(
+            format!("{line}: an OpenCode TaskBridge does not know; it is driven over ACP"),
+            format!("`npm install -g {OPENCODE2_PACKAGE}@{OPENCODE2_TESTED}`"),
+        ),
     }
+}
+
+/// Each `[agents.NAME]` of the configuration: started, and asked over ACP who it is.
+fn configured_agents(ctx: &Ctx) -> Vec<Check> {
+    let agents = &ctx.config.worker.agents;
+    agents
+        .iter()
+        .map(|a| {
+            let fix = format!("fix `command` in [agents.{}] of {}", a.name, config_name(ctx));
+            if let Some(missing) = a.missing(&ctx.env) {
+                return fail(format!("agent {}: {missing}", a.name), fix);
+            }
+            let program = a.command.first().cloned().unwrap_or_default();
+            match worker::agent::acp::probe(&a.launch()) {
+                Ok(info) => ok(format!("agent {}: {info} over ACP at {program}", a.name)),
+                Err(e) => fail(format!("agent {}: {e}", a.name), fix),
+            }
+        })
+        .collect()
+}
+
+fn config_name(ctx: &Ctx) -> String {
+    ctx.config
+        .path
+        .as_ref()
+        .map_or_else(|| "TaskBridge's config.toml".into(), |p| p.display().to_string())
 }
 
 /// Claude Code and Codex: optional, so a missing one is not a warning; an installed one is
@@ -392,6 +443,7 @@ pub fn run(ctx: &Ctx, probe_limit: Option<Duration>) -> anyhow::Result<std::proc
     let mut checks = vec![opencode(ctx)];
     checks.push(other_agent(ctx, worker::agent::AgentKind::ClaudeCode));
     checks.push(other_agent(ctx, worker::agent::AgentKind::Codex));
+    checks.extend(configured_agents(ctx));
     let (m, model) = model(ctx);
     checks.push(m);
     if let Some(limit) = probe_limit {

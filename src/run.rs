@@ -47,6 +47,7 @@ fn worker_config(
     let mut cfg = ctx.config.worker.clone();
     if let Some(m) = mode {
         cfg.opencode_mode = m;
+        cfg.opencode_mode_chosen = true;
     }
     if let Some(c) = concurrency {
         cfg.concurrency = c.max(1);

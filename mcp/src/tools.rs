@@ -786,10 +786,27 @@ impl TaskBridge {
         output_schema = schema_for_output::<ModelsReply>(),
         annotations(title = "List models", read_only_hint = true))]
     async fn list_models(&self, Parameters(args): Parameters<ListModelsArgs>) -> ToolResult {
-        let agent = match worker::agent::AgentSpec::parse(args.agent.as_deref().unwrap_or("")) {
+        let cfg = self.worker_config();
+        let agent = match worker::agent::AgentSpec::resolve(
+            args.agent.as_deref().unwrap_or(""),
+            &cfg.agents,
+        ) {
             Ok(a) => a,
             Err(e) => return refuse(e),
         };
+        if let Some(configured) = agent.configured.as_deref().and_then(|n| cfg.agent(n)).cloned() {
+            let env = cfg.env.clone();
+            let name = configured.name.clone();
+            let listed = tokio::task::spawn_blocking(move || {
+                worker::models::configured_agent_models(&configured, &env)
+            })
+            .await;
+            return match listed {
+                Ok(Ok((models, note))) => ok(ModelsReply { agent: name, models, note }),
+                Ok(Err(e)) => self.fail(e),
+                Err(e) => self.fail(worker::Error::Join(e.to_string())),
+            };
+        }
         if agent.kind != worker::agent::AgentKind::OpenCode {
             let cfg = self.worker_config();
             let (program, env) = (cfg.program(agent.kind).to_path_buf(), cfg.env.clone());

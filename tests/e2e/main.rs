@@ -8,6 +8,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod acp;
 mod agents;
 mod claude_bridge;
 mod claude_today;

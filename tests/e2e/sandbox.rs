@@ -192,6 +192,21 @@ fn opencodes_warm_server_and_its_commands_stay_inside_the_wall() {
 }
 
 #[test]
+fn opencode_2_over_acp_and_its_commands_stay_inside_the_wall() {
+    let mock = MockAnthropic::spawn(vec![
+        Turn::bash("bash probe.sh plain"),
+        Turn::bash("sh test.sh"),
+        Turn::text(result_block("Probed.", &["sh test.sh"])),
+        Turn::bash("bash probe.sh net"),
+        Turn::text(result_block("Probed the network.", &[])),
+    ]);
+    let mut env = Env::new().with_opencode2(&mock);
+    let probe = Probe::commit(&mut env);
+    let _worker = env.start_worker(1);
+    walls_hold(&env, &probe, "opencode", &|| mock.requests());
+}
+
+#[test]
 fn claude_code_and_its_commands_stay_inside_the_wall() {
     let bash = |c: &str| Turn::tool("Bash", json!({"command": c, "description": "probe"}));
     let mock = MockAnthropic::spawn(vec![

@@ -73,6 +73,9 @@ struct Inner {
     answered: Vec<std::time::Instant>,
     headers: Vec<HeaderMap>,
     sent: SentUsage,
+    /// What was sent to requests that offered tools: an agent's steps, not the side requests
+    /// an agent makes without tools (OpenCode's session title).
+    sent_to_steps: SentUsage,
     turns_served: u64,
 }
 
@@ -92,6 +95,10 @@ async fn messages(State(m): State<MockAnthropic>, headers: HeaderMap, body: Byte
     let streaming = req.get("stream").and_then(Value::as_bool) == Some(true);
     let last_user = last_user_text(&req);
     let last_results = last_tool_results(&req);
+    let offered: Vec<String> = req["tools"]
+        .as_array()
+        .map(|t| t.iter().filter_map(|t| t["name"].as_str().map(str::to_owned)).collect())
+        .unwrap_or_default();
     let turn = {
         let mut s = m.inner.lock().unwrap();
         s.requests.push(req);
@@ -133,6 +140,7 @@ async fn messages(State(m): State<MockAnthropic>, headers: HeaderMap, body: Byte
         )
             .into_response();
     }
+    let turn = for_tools(turn, &offered);
     // Usage differs per turn so that a sum is a real check.
     let n = {
         let mut s = m.inner.lock().unwrap();
@@ -146,6 +154,12 @@ async fn messages(State(m): State<MockAnthropic>, headers: HeaderMap, body: Byte
         s.sent.output += output;
         s.sent.cache_read += cache_read;
         s.sent.cache_write += cache_write;
+        if !offered.is_empty() {
+            s.sent_to_steps.input += input;
+            s.sent_to_steps.output += output;
+            s.sent_to_steps.cache_read += cache_read;
+            s.sent_to_steps.cache_write += cache_write;
+        }
     }
     if !streaming {
         m.inner.lock().unwrap().answered.push(std::time::Instant::now());
@@ -210,6 +224,24 @@ async fn messages(State(m): State<MockAnthropic>, headers: HeaderMap, body: Byte
     };
     let body = futures::stream::once(async { Ok(start) }).chain(futures::stream::once(answer));
     (headers, axum::body::Body::from_stream(body)).into_response()
+}
+
+/// A tool call as the agent asking offers that tool: OpenCode 2 calls `bash` `shell`, and its
+/// `write` takes `path` where 1.x takes `filePath`.
+fn for_tools(turn: Turn, offered: &[String]) -> Turn {
+    let has = |n: &str| offered.iter().any(|o| o == n);
+    match turn {
+        Turn::Tool { name, input } if name == "bash" && !has("bash") && has("shell") => {
+            Turn::Tool { name: "shell".into(), input }
+        }
+        Turn::Tool { name, mut input } if name == "write" && input.get("path").is_none() => {
+            if let Some(p) = input.get("filePath").cloned() {
+                input["path"] = p;
+            }
+            Turn::Tool { name, input }
+        }
+        other => other,
+    }
 }
 
 /// The text of the last user message: a string, or its text blocks joined.
@@ -310,6 +342,12 @@ impl MockAnthropic {
 
     pub fn sent_usage(&self) -> SentUsage {
         self.inner.lock().unwrap().sent.clone()
+    }
+
+    /// [`MockAnthropic::sent_usage`] of the requests that offered tools (an agent's steps).
+    #[allow(dead_code)]
+    pub fn sent_to_steps(&self) -> SentUsage {
+        self.inner.lock().unwrap().sent_to_steps.clone()
     }
 
     /// `OPENCODE_CONFIG_CONTENT` pointing OpenCode's anthropic provider here (`baseURL` with /v1).

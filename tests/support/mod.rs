@@ -34,6 +34,19 @@ pub fn opencode() -> PathBuf {
     p
 }
 
+/// The pinned OpenCode 2 CLI (npm `@opencode/cli`) that `.ci/run` installs beside OpenCode 1.
+#[allow(dead_code)]
+pub fn opencode2() -> PathBuf {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join(".tools/oc2/node_modules/.bin/opencode");
+    assert!(
+        p.exists(),
+        "OpenCode 2 is not installed at {}: run `npm install --prefix .tools/oc2 @opencode/cli@2.1.2` \
+         (what .ci/run does)",
+        p.display()
+    );
+    p
+}
+
 /// The pinned Claude Code CLI that `.ci/run` installs.
 /// The Python with the official MCP SDK (`.venv`, which `.ci/run` makes).
 #[allow(dead_code)]
@@ -139,6 +152,8 @@ pub struct Env {
     pub repo: PathBuf,
     pub oc_home: PathBuf,
     pub opencode_config: Option<String>,
+    /// The OpenCode CLI every command names (TASKBRIDGE_OPENCODE): the pinned 1.x unless set.
+    pub opencode_bin: Option<PathBuf>,
     /// `--db` for every command (TASKBRIDGE_DB): a PostgreSQL schema of its own, see
     /// [`Env::on_postgres`]; `None` for the home's SQLite file.
     pub db: Option<String>,
@@ -175,6 +190,7 @@ impl Env {
             repo,
             oc_home,
             opencode_config: None,
+            opencode_bin: None,
             db: None,
             owns_db: false,
             scratch_writable: true,
@@ -245,6 +261,13 @@ impl Env {
         self
     }
 
+    /// [`Env::with_mock`] with OpenCode 2 as the OpenCode on the worker's path.
+    #[allow(dead_code)]
+    pub fn with_opencode2(mut self, mock: &mock_anthropic::MockAnthropic) -> Env {
+        self.opencode_bin = Some(opencode2());
+        self.with_mock(mock)
+    }
+
     /// `taskbridge` with this world's environment.
     pub fn cmd(&self) -> Command {
         let mut c = Command::new(bin());
@@ -306,7 +329,8 @@ impl Env {
             None => c.env_remove("TASKBRIDGE_DB"),
         };
         if let Some(cfg) = &self.opencode_config {
-            c.env("TASKBRIDGE_OPENCODE", opencode()).env("OPENCODE_CONFIG_CONTENT", cfg);
+            let bin = self.opencode_bin.clone().unwrap_or_else(opencode);
+            c.env("TASKBRIDGE_OPENCODE", bin).env("OPENCODE_CONFIG_CONTENT", cfg);
         }
     }
 

@@ -48,6 +48,12 @@ pub struct Worker {
     pub(crate) notifier: notify::Notifier,
     /// The warm OpenCode servers, in `serve` mode.
     pub(crate) servers: Option<crate::agent::opencode_serve::Servers>,
+    /// The warm ACP agents: OpenCode in `acp` mode, and the configured `[agents.NAME]`.
+    pub(crate) acp: crate::agent::acp::AcpAgents,
+    /// How OpenCode is started over ACP, in `acp` mode.
+    pub(crate) opencode_acp: Option<crate::agent::acp::Launch>,
+    /// The version of the OpenCode this worker runs, where it could tell.
+    pub(crate) opencode_version: Option<String>,
     /// Done tasks' worktrees kept for the next task of their repository (`serve` mode): the
     /// server has set itself up for those directories, which takes it over a second for a new
     /// one, most of a one-turn task.
@@ -60,7 +66,24 @@ pub struct Worker {
 }
 
 impl Worker {
-    pub fn new(store: Arc<Store>, home: Home, cfg: WorkerConfig) -> Arc<Worker> {
+    pub fn new(store: Arc<Store>, home: Home, mut cfg: WorkerConfig) -> Arc<Worker> {
+        let opencode_version = crate::agent::opencode_version(&cfg.opencode, &cfg.env);
+        let major = opencode_version.as_deref().and_then(crate::agent::major);
+        if major.is_some_and(|m| m >= 2) && cfg.opencode_mode != OpenCodeMode::Acp {
+            // OpenCode 2 serves another HTTP API and prints another `run` format: ACP is the
+            // one way TaskBridge speaks to it.
+            if cfg.opencode_mode_chosen {
+                tracing::warn!(
+                    mode = cfg.opencode_mode.as_str(),
+                    "OpenCode {} has no `{}` mode TaskBridge speaks; running it over ACP",
+                    opencode_version.as_deref().unwrap_or("2"),
+                    cfg.opencode_mode.as_str()
+                );
+            }
+            cfg.opencode_mode = OpenCodeMode::Acp;
+        }
+        let opencode_acp = (cfg.opencode_mode == OpenCodeMode::Acp)
+            .then(|| crate::agent::opencode_acp_launch(&cfg));
         let wake = Arc::new(Notify::new());
         let w = wake.clone();
         store.on_change(move || w.notify_one());
@@ -80,10 +103,14 @@ impl Worker {
             env.extend(crate::agent::opencode_serve::npm_offline(&cfg.env));
             crate::agent::opencode_serve::Servers::new(cfg.opencode.clone(), env, &home, &id)
         });
+        let acp = crate::agent::acp::AcpAgents::new(&home, &id);
         Arc::new(Worker {
             store,
             home,
             cfg,
+            acp,
+            opencode_acp,
+            opencode_version,
             id,
             host,
             wake,
@@ -102,6 +129,7 @@ impl Worker {
         if let Some(servers) = &self.servers {
             servers.shutdown().await;
         }
+        self.acp.shutdown().await;
     }
 
     pub fn id(&self) -> &str {
@@ -159,12 +187,19 @@ impl Worker {
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) -> Result<()> {
         let (id, host, conc) = (self.id.clone(), self.host.clone(), self.cfg.concurrency);
         let agent = format!("opencode {}", self.cfg.opencode_mode.as_str());
+        if let Some(v) = &self.opencode_version {
+            tracing::info!(version = %v, mode = self.cfg.opencode_mode.as_str(), "OpenCode found");
+        }
         self.blocking(move |s| s.register_worker(&id, std::process::id(), &host, conc, &agent))
             .await?;
         let agents = self.agents();
         tracing::info!(worker = %self.id, ?agents, "agents this worker can run");
         let id = self.id.clone();
-        self.blocking(move |s| s.worker_runs(&id, &agents)).await?;
+        self.blocking(move |s| {
+            let names: Vec<&str> = agents.iter().map(String::as_str).collect();
+            s.worker_runs(&id, &names)
+        })
+        .await?;
         self.recover_dead_local_workers().await;
         let housekeeping = tokio::spawn(self.clone().housekeeping(shutdown.clone()));
         let slots = Arc::new(Semaphore::new(self.cfg.concurrency.max(1)));
@@ -228,6 +263,7 @@ impl Worker {
         if let Some(servers) = &self.servers {
             servers.shutdown().await;
         }
+        self.acp.shutdown().await;
         self.drop_spares(true).await;
         let _ =
             std::fs::remove_file(crate::agent::opencode_serve::spares_file(&self.home, &self.id));
@@ -502,14 +538,13 @@ impl Worker {
 
     /// The agents whose CLIs this worker has (OpenCode is always listed: a task on it fails
     /// saying what to install, as before there were several agents).
-    pub fn agents(&self) -> Vec<&'static str> {
-        crate::agent::ALL
-            .iter()
-            .filter(|k| {
-                **k == AgentKind::OpenCode || self.cfg.env.find_program(self.program(**k)).is_some()
-            })
-            .map(|k| k.name())
-            .collect()
+    /// The configured `[agents.NAME]` are listed whose programs are here.
+    pub fn agents(&self) -> Vec<String> {
+        let builtin = crate::agent::ALL.iter().filter(|k| {
+            **k == AgentKind::OpenCode || self.cfg.env.find_program(self.program(**k)).is_some()
+        });
+        let configured = self.cfg.agents.iter().filter(|a| a.missing(&self.cfg.env).is_none());
+        builtin.map(|k| k.name().to_owned()).chain(configured.map(|a| a.name.clone())).collect()
     }
 
     /// The CLI an agent runs as, as this worker is configured.

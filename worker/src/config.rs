@@ -18,6 +18,9 @@ pub enum OpenCodeMode {
     /// One warm `opencode serve` per worker; a prompt is a request.
     #[default]
     Serve,
+    /// One warm `opencode acp` per wall, over the Agent Client Protocol: the one way OpenCode 2
+    /// is driven (its HTTP API moved), and a choice for 1.x.
+    Acp,
 }
 
 impl std::str::FromStr for OpenCodeMode {
@@ -26,7 +29,8 @@ impl std::str::FromStr for OpenCodeMode {
         match s {
             "run" => Ok(OpenCodeMode::Run),
             "serve" => Ok(OpenCodeMode::Serve),
-            other => Err(format!("'{other}' is not an OpenCode mode; use serve or run")),
+            "acp" => Ok(OpenCodeMode::Acp),
+            other => Err(format!("'{other}' is not an OpenCode mode; use serve, acp or run")),
         }
     }
 }
@@ -36,6 +40,7 @@ impl OpenCodeMode {
         match self {
             OpenCodeMode::Run => "run",
             OpenCodeMode::Serve => "serve",
+            OpenCodeMode::Acp => "acp",
         }
     }
 }
@@ -47,6 +52,11 @@ pub struct WorkerConfig {
     /// The OpenCode executable (`opencode`, found on PATH, unless configured).
     pub opencode: PathBuf,
     pub opencode_mode: OpenCodeMode,
+    /// Whether the mode was chosen (flag, environment, config file) rather than defaulted: an
+    /// OpenCode 2 found with no mode chosen runs over ACP.
+    pub opencode_mode_chosen: bool,
+    /// The agents of the config file's `[agents.NAME]` tables, driven over ACP.
+    pub agents: Vec<ConfiguredAgent>,
     /// The Claude Code and Codex executables (`claude`, `codex` on PATH unless configured).
     pub claude: PathBuf,
     pub codex: PathBuf,
@@ -76,6 +86,41 @@ pub struct WorkerConfig {
     pub sandbox: SandboxConfig,
 }
 
+/// An agent of the config file (`[agents.NAME]`): a command that speaks ACP on its stdio.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConfiguredAgent {
+    pub name: String,
+    /// The program and its arguments.
+    pub command: Vec<String>,
+    /// More environment for it (its API key's variable, say).
+    pub env: Vec<(String, String)>,
+}
+
+impl ConfiguredAgent {
+    /// How it is started.
+    pub fn launch(&self) -> crate::agent::acp::Launch {
+        crate::agent::acp::Launch {
+            name: self.name.clone(),
+            program: PathBuf::from(self.command.first().cloned().unwrap_or_default()),
+            args: self.command.iter().skip(1).cloned().collect(),
+            env: self.env.clone(),
+        }
+    }
+
+    /// Why it cannot run here (its program is missing), with where it is configured.
+    pub fn missing(&self, env: &queue::Environment) -> Option<String> {
+        let program = self.command.first()?;
+        if env.find_program(Path::new(program)).is_some() {
+            return None;
+        }
+        Some(format!(
+            "the agent '{}' runs '{program}', which is not installed here (or not on PATH): \
+             install it, or fix `command` in [agents.{}] of TaskBridge's config.toml",
+            self.name, self.name
+        ))
+    }
+}
+
 /// The wall around every agent (`[sandbox]` in the config file; see `crate::sandbox`).
 #[derive(Debug, Clone, Default)]
 pub struct SandboxConfig {
@@ -95,7 +140,13 @@ impl WorkerConfig {
             AgentKind::OpenCode => &self.opencode,
             AgentKind::ClaudeCode => &self.claude,
             AgentKind::Codex => &self.codex,
+            AgentKind::Acp => Path::new(""),
         }
+    }
+
+    /// The configured agent named `name`.
+    pub fn agent(&self, name: &str) -> Option<&ConfiguredAgent> {
+        self.agents.iter().find(|a| a.name == name)
     }
 }
 
@@ -106,6 +157,8 @@ impl Default for WorkerConfig {
             lease: Duration::from_secs(30),
             opencode: PathBuf::from("opencode"),
             opencode_mode: OpenCodeMode::Serve,
+            opencode_mode_chosen: false,
+            agents: Vec::new(),
             claude: PathBuf::from("claude"),
             codex: PathBuf::from("codex"),
             default_model: None,
@@ -199,13 +252,13 @@ mod tests {
 
     #[test]
     fn an_opencode_mode_reads_back_from_its_name_and_an_unknown_one_is_refused() {
-        for mode in [OpenCodeMode::Run, OpenCodeMode::Serve] {
+        for mode in [OpenCodeMode::Run, OpenCodeMode::Serve, OpenCodeMode::Acp] {
             assert_eq!(mode.as_str().parse::<OpenCodeMode>(), Ok(mode));
         }
         assert_eq!(OpenCodeMode::Serve.as_str(), "serve");
         assert_eq!(
             "warm".parse::<OpenCodeMode>(),
-            Err("'warm' is not an OpenCode mode; use serve or run".to_owned())
+            Err("'warm' is not an OpenCode mode; use serve, acp or run".to_owned())
         );
     }
 

@@ -90,7 +90,7 @@ pub fn agent_report(
     task: &Task,
     spec: &crate::agent::AgentSpec,
     serving: bool,
-    server_mode: bool,
+    mode: Option<&str>,
 ) -> result::AgentReport {
     use crate::agent::AgentKind;
     let caps = spec.kind.capabilities(serving);
@@ -134,8 +134,7 @@ pub fn agent_report(
     }
     result::AgentReport {
         name: spec.stored().unwrap_or_else(|| "opencode".into()),
-        mode: (spec.kind == AgentKind::OpenCode)
-            .then(|| if server_mode { "serve" } else { "run" }.to_owned()),
+        mode: mode.map(str::to_owned),
         capabilities: caps,
         fallbacks,
     }
@@ -362,7 +361,9 @@ mod tests {
     fn report(kind: AgentKind, rules: &[&str], serving: bool) -> result::AgentReport {
         let mut task = crate::sample_task();
         task.ask_rules = rules.iter().map(|s| s.to_string()).collect();
-        agent_report(&task, &AgentSpec { kind, opencode_agent: None }, serving, serving)
+        let spec = AgentSpec { kind, opencode_agent: None, configured: None };
+        let mode = (kind == AgentKind::OpenCode).then_some(if serving { "serve" } else { "run" });
+        agent_report(&task, &spec, serving, mode)
     }
 
     fn said(r: &result::AgentReport, start: &str) -> bool {

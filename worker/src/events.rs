@@ -179,7 +179,7 @@ pub enum AgentEvent {
     /// for a tool call. `request` is its id for the answer; `input` the tool call's input.
     Decision {
         request: String,
-        ask: queue::Ask,
+        ask: Box<queue::Ask>,
         input: Value,
     },
     TurnFinished,

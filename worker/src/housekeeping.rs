@@ -85,8 +85,10 @@ impl Worker {
     /// Agents parked on a decision whose task stopped waiting (cancelled, timed out) are
     /// aborted, so nothing runs on for a task nobody will resume.
     async fn sweep_parked(&self) {
-        let Some(servers) = &self.servers else { return };
-        let ids = servers.parked_tasks();
+        let mut ids = self.acp.parked_tasks();
+        if let Some(servers) = &self.servers {
+            ids.extend(servers.parked_tasks());
+        }
         if ids.is_empty() {
             return;
         }
@@ -115,7 +117,10 @@ impl Worker {
             })
             .await
             .unwrap_or_default();
-        servers.sweep_parked(|id| live.contains(&id)).await;
+        self.acp.sweep_parked(|id| live.contains(&id)).await;
+        if let Some(servers) = &self.servers {
+            servers.sweep_parked(|id| live.contains(&id)).await;
+        }
     }
 
     /// Whether a worker registered on this host as running has no process any more.

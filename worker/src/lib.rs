@@ -69,7 +69,9 @@ pub use clear::clear_finished;
 pub fn reap_orphaned_servers(home: &queue::Home) {
     agent::opencode_serve::kill_orphaned_servers(home, |_| true);
 }
-pub use config::{OpenCodeMode, RepoConfig, SandboxConfig, WorkerConfig, hostname};
+pub use config::{
+    ConfiguredAgent, OpenCodeMode, RepoConfig, SandboxConfig, WorkerConfig, hostname,
+};
 pub use error::{Error, Result};
 pub use events::RunLog;
 pub use git::{ResolvedRepo, WorkDiff, diff_against_base, resolve_repo};

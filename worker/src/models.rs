@@ -14,19 +14,23 @@ fn now_s() -> f64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
 }
 
-/// Runs `opencode models` and returns its `provider/model` lines.
+/// Runs `opencode models` and returns its `provider/model` lines. OpenCode 2 is told
+/// `--standalone`: by default it asks a background service, which it starts and leaves running
+/// (seen with 2.1.2: an `opencode serve --service` outside any wall, long after).
 fn fetch(opencode: &Path) -> Result<Vec<String>> {
-    let out = crate::process::output_within(
-        std::process::Command::new(opencode).arg("models"),
-        LIST_TIMEOUT,
-    )
-    .map_err(|e| Error::Config(format!("could not run '{} models': {e}", opencode.display())))?
-    .ok_or_else(|| {
-        Error::Config(format!(
-            "`opencode models` did not answer within {} s",
-            LIST_TIMEOUT.as_secs()
-        ))
-    })?;
+    let mut cmd = std::process::Command::new(opencode);
+    cmd.arg("models");
+    if opencode_major(opencode).is_some_and(|m| m >= 2) {
+        cmd.arg("--standalone");
+    }
+    let out = crate::process::output_within(&mut cmd, LIST_TIMEOUT)
+        .map_err(|e| Error::Config(format!("could not run '{} models': {e}", opencode.display())))?
+        .ok_or_else(|| {
+            Error::Config(format!(
+                "`opencode models` did not answer within {} s",
+                LIST_TIMEOUT.as_secs()
+            ))
+        })?;
     let (status, stdout, stderr) = (out.status, out.stdout, out.stderr);
     if !status.success() {
         return Err(Error::Config(format!(
@@ -40,6 +44,33 @@ fn fetch(opencode: &Path) -> Result<Vec<String>> {
         .filter(|l| l.contains('/') && !l.contains(' '))
         .map(str::to_owned)
         .collect())
+}
+
+/// The models a configured ACP agent offers, with a note when it names none.
+pub fn configured_agent_models(
+    agent: &crate::ConfiguredAgent,
+    env: &queue::Environment,
+) -> Result<(Vec<String>, Option<String>)> {
+    if let Some(missing) = agent.missing(env) {
+        return Err(Error::Config(missing));
+    }
+    let models = crate::agent::acp::models(&agent.launch()).map_err(|e| {
+        Error::Config(format!("could not ask the {} agent for its models: {e}", agent.name))
+    })?;
+    let note = models.is_empty().then(|| {
+        format!("the {} agent offers no model choice over ACP: it uses its own", agent.name)
+    });
+    Ok((models, note))
+}
+
+/// The major version `opencode --version` prints (`1.18.33`, `opencode v2.1.2`).
+fn opencode_major(opencode: &Path) -> Option<u32> {
+    let mut cmd = std::process::Command::new(opencode);
+    cmd.arg("--version").stdin(std::process::Stdio::null());
+    let out =
+        crate::process::output_within(&mut cmd, std::time::Duration::from_secs(10)).ok()??;
+    let text = String::from_utf8_lossy(&out.stdout);
+    crate::agent::major(text.split_whitespace().last()?)
 }
 
 /// Lists `provider/model` names, optionally for one provider. Blocking: async callers run it on
@@ -155,6 +186,7 @@ pub fn agent_models(
     }
     match kind {
         AgentKind::OpenCode => Err(Error::Config("OpenCode's models come from list_models".into())),
+        AgentKind::Acp => Err(Error::Config("an ACP agent's models come from its session".into())),
         AgentKind::ClaudeCode => Ok((
             ["sonnet", "opus", "haiku"].map(str::to_owned).to_vec(),
             Some(

@@ -113,6 +113,26 @@ pub fn with_plugin(inherited: Option<&str>, plugin: &Path) -> String {
     doc.to_string()
 }
 
+/// `OPENCODE_CONFIG_CONTENT` with every permission set to ask: over ACP each tool call comes to
+/// TaskBridge as a permission request, and the task's rules decide it (one OpenCode process
+/// serves tasks with different rules, and its configuration is the process's). The user's own
+/// permission block gives way: TaskBridge's rules are the task's.
+///
+/// Its `title` agent is switched off unless the user configured it: a session made over ACP has
+/// no title, and OpenCode would spend a model request on one for every task (TaskBridge names its
+/// tasks itself; the warm server's sessions are made with a title).
+pub fn asking_for_everything(inherited: &str) -> String {
+    let mut doc = config_doc(Some(inherited));
+    doc["permission"] = serde_json::json!({"*": "ask"});
+    if !doc["agent"].is_object() {
+        doc["agent"] = serde_json::json!({});
+    }
+    if doc["agent"].get("title").is_none() {
+        doc["agent"]["title"] = serde_json::json!({"disable": true});
+    }
+    doc.to_string()
+}
+
 /// OpenCode's permission rules for the task's flags. Nothing may resolve to "ask": headless
 /// `opencode run` auto-rejects an "ask" and ends the agent's turn (exit 0), so a rule that asks
 /// would silently stop the task.
@@ -148,6 +168,19 @@ pub fn permission_json(task: &Task) -> String {
 mod tests {
     use super::*;
     use serde_json::{Value, json};
+
+    #[test]
+    fn over_acp_opencode_asks_for_everything_and_titles_nothing_unless_the_user_says() {
+        let v: Value = serde_json::from_str(&asking_for_everything("{}")).unwrap();
+        assert_eq!(
+            (v["permission"].clone(), v["agent"]["title"]["disable"].clone()),
+            (json!({"*": "ask"}), json!(true))
+        );
+        let mine = r#"{"agent": {"title": {"model": "anthropic/claude-haiku"}, "plan": {}}}"#;
+        let v: Value = serde_json::from_str(&asking_for_everything(mine)).unwrap();
+        assert_eq!(v["agent"]["title"], json!({"model": "anthropic/claude-haiku"}));
+        assert!(v["agent"]["plan"].is_object());
+    }
 
     #[test]
     fn headless_work_takes_no_snapshots_unless_the_user_asks_for_them() {

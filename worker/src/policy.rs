@@ -136,20 +136,24 @@ pub fn decide(
     if let Some(why) = denied {
         return Decision::Deny { message: format!("TaskBridge denied this: {why}.") };
     }
-    let asks =
-        task.ask_rules.iter().filter_map(|r| queue::parse_ask_rule(r).ok()).any(|(p, glob)| {
-            (p == "*" || p == tool.permission) && wildcard_match(&glob, &tool.pattern)
-        });
     let ask = permission_ask(tool);
-    if asks && !grants.approves(&ask) {
+    if rules_ask(task, tool) && !grants.approves(&ask) {
         return Decision::Wait;
     }
     Decision::Allow { input: input.clone() }
 }
 
+/// Whether one of `task`'s ask rules names `tool`.
+pub fn rules_ask(task: &Task, tool: &ToolUse) -> bool {
+    task.ask_rules
+        .iter()
+        .filter_map(|r| queue::parse_ask_rule(r).ok())
+        .any(|(p, glob)| (p == "*" || p == tool.permission) && wildcard_match(&glob, &tool.pattern))
+}
+
 /// Whether `path` (as a tool names it: absolute, or relative to the worktree) is outside `dir`.
 /// `..` is resolved by the path's words, so a path that climbs out is outside.
-fn outside(dir: &Path, path: &str) -> bool {
+pub(crate) fn outside(dir: &Path, path: &str) -> bool {
     use std::path::Component;
     let joined = dir.join(path);
     let mut normal = PathBuf::new();
@@ -181,6 +185,25 @@ pub fn permission_decision(tool: &ToolUse) -> Ask {
     Ask::permission(permission_ask(tool))
 }
 
+/// The decision `task`'s ask rules wait on for `tool`: an `always` approves what the rules that
+/// asked name (`git push*`), for the rest of the task, not only this one command.
+pub fn rule_decision(task: &Task, tool: &ToolUse) -> Ask {
+    let mut ask = permission_ask(tool);
+    let globs: Vec<String> = task
+        .ask_rules
+        .iter()
+        .filter_map(|r| queue::parse_ask_rule(r).ok())
+        .filter(|(p, glob)| {
+            (p == "*" || *p == tool.permission) && wildcard_match(glob, &tool.pattern)
+        })
+        .map(|(_, glob)| glob)
+        .collect();
+    if !globs.is_empty() {
+        ask.always = globs;
+    }
+    Ask::permission(ask)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -206,6 +229,22 @@ mod tests {
             decide(&t, dir, &mut Grants::default(), &ls, &Value::Null),
             Decision::Allow { .. }
         ));
+    }
+
+    #[test]
+    fn always_on_a_rules_request_approves_what_the_rule_names() {
+        let mut t = crate::sample_task();
+        t.ask_rules = vec!["bash:echo deploy*".into(), "edit:*".into()];
+        let tool = ToolUse { permission: "bash".into(), pattern: "echo deploy-one".into() };
+        let ask = rule_decision(&t, &tool);
+        let p = ask.permission.unwrap();
+        assert_eq!(
+            (p.patterns, p.always),
+            (vec!["echo deploy-one".to_owned()], vec!["echo deploy*".to_owned()])
+        );
+        t.ask_rules.clear();
+        let p = rule_decision(&t, &tool).permission.unwrap();
+        assert_eq!(p.always, vec!["echo deploy-one".to_owned()], "no rule: the command itself");
     }
 
     #[test]

@@ -267,6 +267,29 @@ fn agent_permissions(
                  sandbox_workspace_write.network_access=false, whatever the user's config says)",
             ),
         ],
+        AgentKind::Acp => vec![
+            p(
+                "readonly",
+                readonly,
+                "enforced",
+                "every change the agent asks to make is denied, and every change left in the \
+                 worktree is reverted after the run and listed in reverted_files",
+            ),
+            p(
+                "no_shell",
+                no_shell,
+                "enforced where the agent asks",
+                "every command the agent asks to run is denied; an agent that runs commands \
+                 without asking is held only by the sandbox",
+            ),
+            p(
+                "no_network",
+                no_network,
+                "enforced where the agent asks",
+                "every fetch the agent asks for is denied; the sandbox holds the rest where the \
+                 kernel can",
+            ),
+        ],
     }
 }
 

@@ -187,6 +187,13 @@ pub struct Policy {
     pub hidden: Vec<PathBuf>,
     /// `Some(ports)`: TCP connections only to these ports; `None`: the network is not walled.
     pub connect_only: Option<Vec<u16>>,
+    /// The agent talks to servers of its own on loopback (OpenCode 2's `acp` starts one). In a
+    /// network namespace of its own that loopback is its own and the namespace holds the
+    /// network shut, so no TCP rule is added; without a namespace the rules still hold.
+    pub own_loopback: bool,
+    /// With `own_loopback`, the ports of the host's loopback the agent reaches directly (its
+    /// model provider there), forwarded into its namespace at the same address.
+    pub loopback_forwards: Vec<u16>,
 }
 
 /// Devices every program writes to (`> /dev/null`, a terminal), and nothing else in `/dev`.
@@ -246,6 +253,8 @@ pub struct Wall {
     network: bool,
     /// The proxy's port, when the agent runs in a network namespace of its own ([`netns`]).
     namespace: Option<u16>,
+    /// Ports of the host's loopback forwarded into that namespace (`Policy::loopback_forwards`).
+    forwards: Vec<u16>,
 }
 
 /// Why a wall could not be built.
@@ -267,7 +276,9 @@ impl Wall {
         let read = AccessFs::from_read(abi);
         let mut ruleset = Ruleset::default().handle_access(all).map_err(err)?;
         let network = policy.connect_only.is_some();
-        if network {
+        let in_namespace = network && kernel.network_namespaces;
+        let tcp_rules = network && !(policy.own_loopback && in_namespace);
+        if tcp_rules {
             if !kernel.tcp_rules() {
                 return Err(WallError(format!(
                     "TCP rules need Landlock ABI {NET_ABI}; this kernel has {}",
@@ -303,7 +314,7 @@ impl Wall {
             let access = if path.is_dir() { access } else { access & file_access(abi) };
             created = created.add_rule(PathBeneath::new(fd, access)).map_err(err)?;
         }
-        if let Some(ports) = &policy.connect_only {
+        if let Some(ports) = policy.connect_only.as_ref().filter(|_| tcp_rules) {
             for &port in ports {
                 created =
                     created.add_rule(NetPort::new(port, AccessNet::ConnectTcp)).map_err(err)?;
@@ -312,10 +323,14 @@ impl Wall {
         let fd: Option<OwnedFd> = created.into();
         let fd = fd.ok_or_else(|| WallError("the kernel made no ruleset".into()))?;
         let namespace = match &policy.connect_only {
-            Some(ports) if kernel.network_namespaces => ports.first().copied(),
+            Some(ports) if in_namespace => ports.first().copied(),
             _ => None,
         };
-        Ok(Wall { fd, abi: kernel.landlock_abi, network, namespace })
+        let forwards = match (namespace, policy.own_loopback) {
+            (Some(_), true) => policy.loopback_forwards.clone(),
+            _ => Vec::new(),
+        };
+        Ok(Wall { fd, abi: kernel.landlock_abi, network, namespace, forwards })
     }
 
     /// Has `cmd`'s child raise the wall before it runs the program. What the child then
@@ -329,7 +344,8 @@ impl Wall {
     ) -> std::io::Result<Option<std::sync::Arc<netns::Link>>> {
         let link = match self.namespace {
             Some(port) => {
-                let link = std::sync::Arc::new(netns::Link::new(port, inbound)?);
+                let link = netns::Link::new(port, inbound)?.with_forwards(&self.forwards);
+                let link = std::sync::Arc::new(link);
                 link.prepare(cmd);
                 Some(link)
             }
@@ -570,6 +586,8 @@ mod tests {
                 read: vec![ro.clone()],
                 hidden: vec![home.clone()],
                 connect_only: Some(vec![open_port]),
+                own_loopback: false,
+                loopback_forwards: vec![],
             })
             .unwrap(),
         );
@@ -677,6 +695,37 @@ attempt("udp", lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b
             assert!(text.contains("proxy=the proxy"), "{text}");
             assert!(text.contains("other_address=denied"), "{text}");
             assert!(text.contains("udp=denied"), "{text}");
+            assert!(other.accept().is_err(), "nothing reached 127.0.0.2 on the proxy's port");
+
+            // An agent with a server of its own on loopback reaches it, and still nothing else.
+            let policy = Policy { own_loopback: true, ..policy };
+            let wall = std::sync::Arc::new(Wall::build(&policy).unwrap());
+            let script = format!(
+                r#"
+import socket
+own = socket.socket(); own.bind(("127.0.0.1", 0)); own.listen()
+def attempt(name, f):
+    try:
+        print(name + "=" + str(f()))
+    except OSError as e:
+        print(name + "=denied " + e.strerror)
+attempt("own", lambda: socket.create_connection(own.getsockname(), timeout=5) and "through")
+attempt("proxy", lambda: socket.create_connection(("127.0.0.1", {port}), timeout=5).makefile().readline().strip())
+attempt("other_address", lambda: socket.create_connection(("127.0.0.2", {port}), timeout=5) and "through")
+"#
+            );
+            let mut cmd = tokio::process::Command::new("python3");
+            cmd.args(["-c", &script]).current_dir(work.path());
+            cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+            let link = wall.raise(&mut cmd, false).unwrap().expect("a namespace without network");
+            let child = cmd.spawn().unwrap();
+            let _forwarding = link.forward().unwrap();
+            let out = child.wait_with_output().await.unwrap();
+            let text = String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr);
+            assert!(text.contains("own=through"), "{text}");
+            assert!(text.contains("proxy=the proxy"), "{text}");
+            assert!(text.contains("other_address=denied"), "{text}");
             assert!(other.accept().is_err(), "nothing reached 127.0.0.2 on the proxy's port");
         });
     }

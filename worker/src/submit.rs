@@ -89,7 +89,8 @@ pub fn submit_batch(
     }
     let mut checked = std::collections::BTreeSet::new();
     // OpenCode's models are checked against its list; the other agents take their own names.
-    let opencode_models = reqs.iter().filter(|r| kind_of(&r.spec) == AgentKind::OpenCode);
+    let opencode_models =
+        reqs.iter().filter(|r| kind_of(&r.spec, &cfg.agents) == AgentKind::OpenCode);
     for model in opencode_models.filter_map(|r| r.spec.model.as_deref()) {
         if checked.insert(model.to_owned())
             && let ModelCheck::Unverified(why) = check_model(store, &cfg.opencode, model)?
@@ -141,21 +142,21 @@ pub fn submit_batch(
             warnings.push(w);
         }
     }
-    let wanted: std::collections::BTreeSet<&'static str> = specs
+    let wanted: std::collections::BTreeSet<String> = specs
         .iter()
-        .map(kind_of)
-        .filter(|k| *k != AgentKind::OpenCode)
-        .map(AgentKind::name)
+        .map(|s| AgentSpec::from_stored(s.agent.as_deref(), &cfg.agents))
+        .filter(|a| a.kind != AgentKind::OpenCode)
+        .map(|a| a.name().to_owned())
         .collect();
     let tasks = store.submit_batch_budgeted(specs, shared)?;
     let workers = store.list_workers()?;
     let live: Vec<_> = workers.iter().filter(|w| !w.stopped && !w.stale).collect();
     for agent in wanted {
-        if !live.is_empty() && !live.iter().any(|w| w.agents.iter().any(|a| a == agent)) {
+        if !live.is_empty() && !live.iter().any(|w| w.agents.contains(&agent)) {
             warnings.push(format!(
-                "no running worker has the {agent} CLI, so the task will fail saying what to \
-                 install: install it on a worker's host and restart that worker first \
-                 (`taskbridge list-workers` shows what each runs)"
+                "no running worker has the {agent} agent, so the task will fail saying what to \
+                 install or configure: set it up on a worker's host and restart that worker \
+                 first (`taskbridge list-workers` shows what each runs)"
             ));
         }
     }
@@ -173,9 +174,14 @@ pub fn submit_batch(
 /// The agent a task names, refused when it is unknown or its CLI is missing here (with the
 /// command that installs it). OpenCode's own CLI is checked by its model check and its worker.
 fn check_agent(spec: &TaskSpec, cfg: &WorkerConfig) -> Result<AgentSpec> {
-    let agent =
-        AgentSpec::parse(spec.agent.as_deref().unwrap_or("")).map_err(crate::Error::Config)?;
-    if agent.kind != AgentKind::OpenCode
+    let agent = AgentSpec::resolve(spec.agent.as_deref().unwrap_or(""), &cfg.agents)
+        .map_err(crate::Error::Config)?;
+    if let Some(configured) = agent.configured.as_deref().and_then(|n| cfg.agent(n))
+        && let Some(missing) = configured.missing(&cfg.env)
+    {
+        return Err(crate::Error::Config(missing));
+    }
+    if !matches!(agent.kind, AgentKind::OpenCode | AgentKind::Acp)
         && let Some(missing) = agent.kind.missing(cfg.program(agent.kind), &cfg.env)
     {
         return Err(crate::Error::Config(missing));
@@ -184,14 +190,15 @@ fn check_agent(spec: &TaskSpec, cfg: &WorkerConfig) -> Result<AgentSpec> {
 }
 
 /// The agent of a spec [`check_agent`] has normalised.
-fn kind_of(spec: &TaskSpec) -> AgentKind {
-    AgentSpec::parse(spec.agent.as_deref().unwrap_or("")).map_or(AgentKind::OpenCode, |a| a.kind)
+fn kind_of(spec: &TaskSpec, agents: &[crate::ConfiguredAgent]) -> AgentKind {
+    AgentSpec::resolve(spec.agent.as_deref().unwrap_or(""), agents)
+        .map_or(AgentKind::OpenCode, |a| a.kind)
 }
 
 /// What `codex exec` cannot honour is refused before it is queued, rather than quietly not
 /// held: it always has a shell, and it cannot stop to ask for an approval.
 fn check_codex_rules(spec: &TaskSpec) -> Result<()> {
-    if kind_of(spec) != AgentKind::Codex {
+    if kind_of(spec, &[]) != AgentKind::Codex {
         return Ok(());
     }
     if spec.no_shell {

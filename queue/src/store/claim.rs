@@ -47,7 +47,7 @@ impl Store {
             AND (t.session_id IS NULL OR t.worker_host IS NULL OR t.worker_host = ?2
                  OR NOT EXISTS (SELECT 1 FROM workers w WHERE w.host = t.worker_host
                      AND w.stopped_at IS NULL AND w.heartbeat_at > ?3 - ?5))
-            AND (t.agent IS NULL OR t.agent NOT IN ('claude-code', 'codex')
+            AND (t.agent IS NULL OR t.agent = 'opencode' OR t.agent LIKE 'opencode:%'
                  OR EXISTS (SELECT 1 FROM workers me WHERE me.id = ?1
                      AND me.agents LIKE '%,' || t.agent || ',%')
                  OR NOT EXISTS (SELECT 1 FROM workers w WHERE w.stopped_at IS NULL

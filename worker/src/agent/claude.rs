@@ -221,7 +221,7 @@ impl AgentProtocol for ClaudeStream {
                 } else {
                     crate::policy::permission_decision(&tool_use(tool, &input))
                 };
-                out.push(AgentEvent::Decision { request, ask, input });
+                out.push(AgentEvent::Decision { request, ask: Box::new(ask), input });
             }
             _ => {}
         }
@@ -416,7 +416,7 @@ mod tests {
         let ask = all
             .iter()
             .find_map(|e| match e {
-                AgentEvent::Decision { ask, .. } => Some(ask.clone()),
+                AgentEvent::Decision { ask, .. } => Some((**ask).clone()),
                 _ => None,
             })
             .unwrap();

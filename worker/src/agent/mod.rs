@@ -10,6 +10,7 @@
 //! follow-ups. Where an agent cannot do something natively, the result says what held instead
 //! ([`Capabilities`], `TaskResult::agent`).
 
+pub mod acp;
 pub(crate) mod claude;
 pub(crate) mod codex;
 pub(crate) mod opencode_run;
@@ -61,6 +62,8 @@ pub enum AgentKind {
     OpenCode,
     ClaudeCode,
     Codex,
+    /// An agent of the configuration's `[agents.NAME]`, driven over ACP.
+    Acp,
 }
 
 pub const ALL: [AgentKind; 3] = [AgentKind::OpenCode, AgentKind::ClaudeCode, AgentKind::Codex];
@@ -72,13 +75,15 @@ pub struct AgentSpec {
     pub kind: AgentKind,
     /// OpenCode's own agent (`plan`, `build`, one of the user's), for `opencode:<agent>`.
     pub opencode_agent: Option<String>,
+    /// The `[agents.NAME]` it names, for [`AgentKind::Acp`].
+    pub configured: Option<String>,
 }
 
 impl AgentSpec {
     /// What a submit names, checked: an unknown agent is refused with the ones there are.
     pub fn parse(spec: &str) -> Result<AgentSpec, String> {
         let spec = spec.trim();
-        let kind = |kind| Ok(AgentSpec { kind, opencode_agent: None });
+        let kind = |kind| Ok(AgentSpec { kind, opencode_agent: None, configured: None });
         match spec {
             "" | "opencode" => kind(AgentKind::OpenCode),
             "claude-code" | "claude" => kind(AgentKind::ClaudeCode),
@@ -87,6 +92,7 @@ impl AgentSpec {
                 Some(a) if !a.trim().is_empty() => Ok(AgentSpec {
                     kind: AgentKind::OpenCode,
                     opencode_agent: Some(a.trim().to_owned()),
+                    configured: None,
                 }),
                 _ => Err(format!(
                     "'{spec}' is not an agent: use opencode (the default), claude-code, codex, or \
@@ -96,16 +102,63 @@ impl AgentSpec {
         }
     }
 
+    /// What a submit names, against the configuration: a built-in agent, else one of its
+    /// `[agents.NAME]`; anything else is refused, saying what there is.
+    pub fn resolve(spec: &str, agents: &[crate::ConfiguredAgent]) -> Result<AgentSpec, String> {
+        let name = spec.trim();
+        if let Some(a) = agents.iter().find(|a| a.name == name) {
+            return Ok(AgentSpec::configured(&a.name));
+        }
+        AgentSpec::parse(spec).map_err(|e| match agents.is_empty() {
+            true => format!(
+                "{e}; or add it to TaskBridge's config.toml as [agents.{name}] with the command \
+                 that starts it speaking ACP"
+            ),
+            false => {
+                let names: Vec<&str> = agents.iter().map(|a| a.name.as_str()).collect();
+                format!("{e}, or one of the configured agents: {}", names.join(", "))
+            }
+        })
+    }
+
+    fn configured(name: &str) -> AgentSpec {
+        AgentSpec { kind: AgentKind::Acp, opencode_agent: None, configured: Some(name.to_owned()) }
+    }
+
     /// The agent a queued task runs on. Tasks queued before there were several agents name an
-    /// OpenCode agent bare (`plan`); they keep meaning that.
+    /// OpenCode agent bare (`plan`); they keep meaning that, unless the configuration has an
+    /// agent of that name.
+    pub fn of_in(task: &Task, agents: &[crate::ConfiguredAgent]) -> AgentSpec {
+        AgentSpec::from_stored(task.agent.as_deref(), agents)
+    }
+
+    /// The agent as a task stores it ([`AgentSpec::stored`]), read against the configuration.
+    pub fn from_stored(stored: Option<&str>, agents: &[crate::ConfiguredAgent]) -> AgentSpec {
+        match stored {
+            Some(a) if agents.iter().any(|c| c.name == a) => AgentSpec::configured(a),
+            _ => AgentSpec::from_builtin(stored),
+        }
+    }
+
+    /// [`AgentSpec::of_in`] without a configuration: built-in agents only.
     pub fn of(task: &Task) -> AgentSpec {
-        match task.agent.as_deref() {
-            None => AgentSpec { kind: AgentKind::OpenCode, opencode_agent: None },
+        AgentSpec::from_builtin(task.agent.as_deref())
+    }
+
+    fn from_builtin(stored: Option<&str>) -> AgentSpec {
+        match stored {
+            None => AgentSpec { kind: AgentKind::OpenCode, opencode_agent: None, configured: None },
             Some(a) => AgentSpec::parse(a).unwrap_or_else(|_| AgentSpec {
                 kind: AgentKind::OpenCode,
                 opencode_agent: Some(a.to_owned()),
+                configured: None,
             }),
         }
+    }
+
+    /// The agent's name as the queue and the metrics know it.
+    pub fn name(&self) -> &str {
+        self.configured.as_deref().unwrap_or(self.kind.name())
     }
 
     /// How it is stored on the task: `None` for plain OpenCode.
@@ -113,6 +166,7 @@ impl AgentSpec {
         match (&self.kind, &self.opencode_agent) {
             (AgentKind::OpenCode, None) => None,
             (AgentKind::OpenCode, Some(a)) => Some(format!("opencode:{a}")),
+            (AgentKind::Acp, _) => self.configured.clone(),
             (k, _) => Some(k.name().to_owned()),
         }
     }
@@ -126,6 +180,7 @@ impl AgentKind {
             AgentKind::OpenCode => "opencode",
             AgentKind::ClaudeCode => "claude-code",
             AgentKind::Codex => "codex",
+            AgentKind::Acp => "acp",
         }
     }
 
@@ -150,6 +205,12 @@ impl AgentKind {
                 reports_cost: false,
                 resumable: true,
             },
+            AgentKind::Acp => Capabilities {
+                native_questions: true,
+                native_permissions: true,
+                reports_cost: true,
+                resumable: true,
+            },
         }
     }
 
@@ -161,6 +222,7 @@ impl AgentKind {
                 format!("npm install -g @anthropic-ai/claude-code@{CLAUDE_CODE_TESTED}")
             }
             AgentKind::Codex => format!("npm install -g @openai/codex@{CODEX_TESTED}"),
+            AgentKind::Acp => "the command of its [agents.NAME] in TaskBridge's config.toml".into(),
         }
     }
 
@@ -170,6 +232,7 @@ impl AgentKind {
             AgentKind::OpenCode => "TASKBRIDGE_OPENCODE",
             AgentKind::ClaudeCode => "TASKBRIDGE_CLAUDE",
             AgentKind::Codex => "TASKBRIDGE_CODEX",
+            AgentKind::Acp => "",
         }
     }
 
@@ -178,6 +241,7 @@ impl AgentKind {
             AgentKind::OpenCode => "opencode",
             AgentKind::ClaudeCode => "claude",
             AgentKind::Codex => "codex",
+            AgentKind::Acp => "",
         }
     }
 
@@ -214,6 +278,8 @@ impl AgentKind {
                 let daemon = uid.ok().map(|uid| PathBuf::from(format!("/tmp/codex-daemon-{uid}")));
                 (dir.into_iter().chain(daemon).collect(), vec![])
             }
+            // What a configured agent keeps, TaskBridge cannot know: `[sandbox] writable` says.
+            AgentKind::Acp => (vec![], vec![]),
         }
     }
 
@@ -224,7 +290,7 @@ impl AgentKind {
             AgentKind::OpenCode => {
                 opencode_dir(env, "XDG_CONFIG_HOME", ".config").into_iter().collect()
             }
-            AgentKind::ClaudeCode | AgentKind::Codex => vec![],
+            AgentKind::ClaudeCode | AgentKind::Codex | AgentKind::Acp => vec![],
         }
     }
 
@@ -238,7 +304,7 @@ impl AgentKind {
                     .filter_map(|(var, under)| opencode_dir(env, var, under))
                     .collect()
             }
-            AgentKind::ClaudeCode | AgentKind::Codex => vec![],
+            AgentKind::ClaudeCode | AgentKind::Codex | AgentKind::Acp => vec![],
         }
     }
 
@@ -255,6 +321,60 @@ impl AgentKind {
             self.install_command(),
             self.env_var()
         ))
+    }
+}
+
+/// The OpenCode 2 release `.ci/run` tests against, and its npm package (OpenCode 1 stays
+/// `opencode-ai`).
+pub const OPENCODE2_TESTED: &str = "2.1.2";
+pub const OPENCODE2_PACKAGE: &str = "@opencode/cli";
+
+/// The version of the OpenCode at `program`: from the npm package it was installed from when
+/// there is one beside it (no process started), else from `--version` (a native binary; a script
+/// is not run, it may be anything).
+pub fn opencode_version(program: &Path, env: &queue::Environment) -> Option<String> {
+    let path = env.find_program(program)?;
+    let real = std::fs::canonicalize(&path).unwrap_or(path);
+    for pkg in real.ancestors().skip(1).take(3).map(|d| d.join("package.json")) {
+        let Ok(text) = std::fs::read_to_string(&pkg) else { continue };
+        let Ok(doc) = serde_json::from_str::<serde_json::Value>(&text) else { continue };
+        let name = doc.get("name").and_then(|n| n.as_str()).unwrap_or("");
+        if name.contains("opencode") {
+            return doc.get("version").and_then(|v| v.as_str()).map(str::to_owned);
+        }
+    }
+    let head = std::fs::read(&real).ok().map(|b| b.starts_with(b"#!"));
+    if head != Some(false) {
+        return None;
+    }
+    let mut cmd = std::process::Command::new(&real);
+    cmd.arg("--version");
+    let out = crate::process::output_within(&mut cmd, std::time::Duration::from_secs(5)).ok()??;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v = text.split_whitespace().last()?.trim_start_matches('v');
+    v.chars().next()?.is_ascii_digit().then(|| v.to_owned())
+}
+
+/// A version's major number (`2` of `2.1.2`).
+pub fn major(version: &str) -> Option<u32> {
+    version.trim_start_matches('v').split('.').next()?.parse().ok()
+}
+
+/// How the worker runs OpenCode on ACP: `opencode acp`, told to ask for every tool call (the
+/// task's rules decide each), with the user's per-run configuration kept and a bridge the user
+/// registered in opencode.json switched off (the worker hands its own to each session).
+pub fn opencode_acp_launch(cfg: &crate::WorkerConfig) -> acp::Launch {
+    let content = crate::opencode_config::headless(cfg.opencode_config_content.as_deref());
+    let unoffered = crate::WorkerConfig { claude_bridge: None, ..cfg.clone() };
+    let content = crate::opencode_config::with_task_bridge(Some(&content), &unoffered);
+    let content = crate::opencode_config::asking_for_everything(&content);
+    let mut env = vec![("OPENCODE_CONFIG_CONTENT".to_owned(), content)];
+    env.extend(opencode_serve::npm_offline(&cfg.env));
+    acp::Launch {
+        name: "opencode".into(),
+        program: cfg.opencode.clone(),
+        args: vec!["acp".into()],
+        env,
     }
 }
 

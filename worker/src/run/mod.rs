@@ -56,6 +56,9 @@ pub(crate) struct Run<'a> {
     pub model: Option<String>,
     /// Whether this worker has a warm server at all.
     pub warm_server: bool,
+    /// How the agent is started when it is driven over ACP (OpenCode in `acp` mode, a
+    /// configured agent).
+    pub acp: Option<crate::agent::acp::Launch>,
     pub deadline: tokio::time::Instant,
     /// The sandbox the agent runs in (filled in by the wall stage).
     pub walled: wall::Walled,
@@ -123,6 +126,21 @@ impl Worker {
             self.finish(&run, res, log).await
         };
         let ended = stages.await;
+        // An ACP agent of the task's own goes with its run; what a shared one still runs in
+        // the worktree goes too, unless the task waits in its session.
+        self.acp.stop(&wall::own_server(task)).await;
+        let parked = matches!(
+            ended,
+            Ok(Outcome::Waiting { .. }) | Err(End::Outcome(Outcome::Waiting { .. }))
+        );
+        if let (Some(dir), false) = (&ran_in, parked) {
+            let killed = self.acp.kill_working_in(dir).await;
+            if killed > 0 {
+                log.line(&format!(
+                    "stopped {killed} process(es) the agent left running in its worktree"
+                ));
+            }
+        }
         // A server of the task's own goes with its run, before the TMPDIR it was given.
         if let Some(servers) = &self.servers {
             servers.stop(&wall::own_server(task)).await;
@@ -152,9 +170,21 @@ impl Worker {
 }
 
 impl Run<'_> {
-    /// Whether OpenCode's warm server runs this task (every other agent runs a process a turn).
+    /// Whether a warm agent process runs this task, holding its session (OpenCode's server, an
+    /// ACP agent); every other agent runs a process a turn.
     pub fn serving(&self) -> bool {
-        self.warm_server && self.spec.kind == crate::agent::AgentKind::OpenCode
+        self.acp.is_some()
+            || (self.warm_server && self.spec.kind == crate::agent::AgentKind::OpenCode)
+    }
+
+    /// How the agent is driven, as the result reports it.
+    pub fn mode(&self) -> Option<&'static str> {
+        match (&self.acp, self.spec.kind) {
+            (Some(_), _) => Some("acp"),
+            (None, crate::agent::AgentKind::OpenCode) if self.warm_server => Some("serve"),
+            (None, crate::agent::AgentKind::OpenCode) => Some("run"),
+            _ => None,
+        }
     }
 }
 
@@ -181,7 +211,7 @@ pub(crate) mod tests {
         Run {
             task,
             token: 7,
-            spec: AgentSpec { kind, opencode_agent: None },
+            spec: AgentSpec { kind, opencode_agent: None, configured: None },
             dir: PathBuf::from("/w/task-1"),
             branch: "taskbridge/task-1".into(),
             start: "s".repeat(40),
@@ -190,6 +220,7 @@ pub(crate) mod tests {
             parent_dir: None,
             model: Some("anthropic/claude-x".into()),
             warm_server: true,
+            acp: None,
             deadline: tokio::time::Instant::now(),
             walled: Default::default(),
         }

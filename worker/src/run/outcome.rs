@@ -51,6 +51,9 @@ pub(super) fn assess(exit: &AgentExit, run: &Run<'_>, rejected: Option<&str>) ->
         None => match (&exit.run.error_detail, exit.exit_code, run.spec.kind) {
             (Some(e), _, AgentKind::ClaudeCode) => Some(crate::agent::claude::diagnose(e, model)),
             (Some(e), _, AgentKind::Codex) => Some(crate::agent::codex::diagnose(e, model)),
+            (Some(e), _, AgentKind::Acp) => {
+                Some(crate::agent::acp::diagnose(e, run.spec.name(), model))
+            }
             (Some(e), _, AgentKind::OpenCode) => {
                 let used =
                     ModelUsed { requested: run.model.clone(), seen: exit.run.model_seen.clone() };
@@ -100,7 +103,7 @@ pub(super) fn result_of(exit: &AgentExit, run: &Run<'_>, carried: &Usage) -> Tas
         &run.walled.held,
     );
     permissions.extend(crate::decisions::ask_permissions(task, run.spec.kind, run.serving()));
-    let agent = crate::decisions::agent_report(task, &run.spec, run.serving(), run.warm_server);
+    let agent = crate::decisions::agent_report(task, &run.spec, run.serving(), run.mode());
     // An agent that reports no cost spent an unknown amount (`null`), not nothing; one that
     // reports it and took no step spent nothing.
     usage.cost_usd = agent.capabilities.reports_cost.then(|| usage.cost());

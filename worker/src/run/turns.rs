@@ -110,6 +110,9 @@ impl Worker {
         log: &mut TaskLog,
         stop: Stop,
     ) -> Stage<AgentExit> {
+        if let Some(agent) = &run.walled.acp {
+            return self.turn_acp(agent, run, talk, new_notes, log, stop).await;
+        }
         match (&run.walled.server, run.spec.kind) {
             (Some(server), AgentKind::OpenCode) => {
                 self.turn_serve(server, run, talk, new_notes, log, stop).await
@@ -174,6 +177,92 @@ impl Worker {
             }
             .into()),
         }
+    }
+
+    /// A turn on a warm ACP agent: the answer as the response to the request the agent is
+    /// blocked on when this worker still holds it, else a prompt in the session.
+    async fn turn_acp(
+        &self,
+        agent: &crate::agent::acp::AcpAgent,
+        run: &Run<'_>,
+        talk: &Conversation,
+        new_notes: &[String],
+        log: &mut TaskLog,
+        stop: Stop,
+    ) -> Stage<AgentExit> {
+        let task = run.task;
+        let mut grants = crate::decisions::always_grants(task);
+        let mut answer = None;
+        if let Some((r, ask)) = talk.resume.as_ref().and_then(|r| Some((r, r.ask.as_ref()?)))
+            && let Some(request) = ask.request_id.as_deref()
+            && agent.holds_parked(task.id, request).await
+        {
+            answer = Some((ask.clone(), r.answer.clone(), new_notes.to_vec()));
+        }
+        if answer.is_none() {
+            if let Some(what) = &talk.rejected {
+                let error = format!("stopped: the answer rejected {what}");
+                let kind = queue::FailureKind::Rejected;
+                return Err(Outcome::FailedPermanently { error, kind, result: None }.into());
+            }
+            // The blocked request is gone: an approval must still hold when the agent asks
+            // again for the same thing.
+            grants.once.extend(talk.approved());
+        }
+        let session = talk.session(task);
+        let ledger = (run.spec.kind == AgentKind::OpenCode)
+            .then(|| crate::agent::acp::ledger::database(&self.cfg.env))
+            .flatten();
+        let turn = crate::agent::acp::Turn {
+            task,
+            dir: &run.dir,
+            prompt: talk.prompt.clone(),
+            answer,
+            model: run.model.clone(),
+            session: session.clone(),
+            without_session: talk.without_session.clone(),
+            grants,
+            mcp_servers: self.mcp_servers(),
+            ledger,
+        };
+        let mut on_step = progress(self.store.clone(), run, session);
+        let name = run.spec.name().to_owned();
+        match agent.run(turn, log, stop, run.deadline, &mut on_step).await {
+            Ok(exit) => Ok(exit),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let error = match run.spec.kind {
+                    AgentKind::OpenCode => self.opencode_not_found(),
+                    _ => format!("could not start the {name} agent: {e}"),
+                };
+                let kind = queue::FailureKind::Launch;
+                Err(Outcome::FailedPermanently { error, kind, result: None }.into())
+            }
+            // The agent spoke the protocol wrongly: no retry mends that.
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+                let kind = queue::FailureKind::Launch;
+                Err(Outcome::FailedPermanently { error: e.to_string(), kind, result: None }.into())
+            }
+            Err(e) => Err(Outcome::Failed {
+                error: e.to_string(),
+                kind: queue::FailureKind::Exit,
+                result: None,
+                backoff_s: self.backoff(task.attempts),
+            }
+            .into()),
+        }
+    }
+
+    /// The MCP servers a new ACP session is given: the reverse bridge, when the worker offers
+    /// it (`--claude-bridge`).
+    fn mcp_servers(&self) -> serde_json::Value {
+        let Some(bridge) = &self.cfg.claude_bridge else { return serde_json::json!([]) };
+        let Some((program, args)) = bridge.split_first() else { return serde_json::json!([]) };
+        serde_json::json!([{
+            "name": crate::opencode_config::BRIDGE_MCP_NAME,
+            "command": program,
+            "args": args,
+            "env": [],
+        }])
     }
 
     /// What the warm server is given: the answer as the reply to the request the agent is

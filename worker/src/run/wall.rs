@@ -30,6 +30,8 @@ pub(crate) struct Walled {
     pub held: Held,
     /// The warm server the task's turns go to (`serve` mode), behind the wall that holds it.
     pub server: Option<Arc<ServeAgent>>,
+    /// The warm ACP agent the task's turns go to, behind the wall that holds it.
+    pub acp: Option<Arc<crate::agent::acp::AcpAgent>>,
 }
 
 impl Walled {
@@ -59,6 +61,15 @@ impl Worker {
     /// kernel cannot hold and the mode is `enforce`. On the warm server, also the server.
     pub(super) async fn wall(&self, run: &Run<'_>, log: &mut TaskLog) -> Stage<Walled> {
         let mut walled = self.walled(run, log).await?;
+        if let (Some(launch), None) = (&run.acp, &walled.acp) {
+            let (key, wall, env) = match &walled.wall {
+                None => (OPEN_SERVER.to_owned(), None, Vec::new()),
+                Some(w) => (own_server(run.task), Some(w.clone()), walled.env.clone()),
+            };
+            let agent = self.acp.get(launch, &key, || Ok::<_, String>((wall, env)));
+            walled.acp = agent.ok();
+            return Ok(walled);
+        }
         if let (Some(servers), true, None) = (&self.servers, run.serving(), &walled.server) {
             let (key, wall, env) = match &walled.wall {
                 None => (OPEN_SERVER.to_owned(), None, Vec::new()),
@@ -115,6 +126,13 @@ impl Worker {
         };
         if let Some(p) = proxy {
             env.extend(p.env());
+            if run.acp.is_some() && kernel.network_namespaces {
+                // In its namespace loopback is the agent's own, and the host's model providers
+                // there are forwarded in: nothing on loopback goes through the proxy.
+                for k in ["NO_PROXY", "no_proxy"] {
+                    env.push((k.to_owned(), "127.0.0.1,localhost,::1".to_owned()));
+                }
+            }
         }
         let policy = match self.policy(run, &tmp, proxy.map(|p| p.port)) {
             Ok(p) => p,
@@ -138,7 +156,7 @@ impl Worker {
                 _ => "",
             }
         ));
-        Ok(Walled { wall: Some(Arc::new(wall)), env, held, server: None })
+        Ok(Walled { wall: Some(Arc::new(wall)), env, held, server: None, acp: None })
     }
 
     /// The Landlock ruleset for `policy`, built off the runtime; a failure is the run's end.
@@ -182,38 +200,50 @@ impl Worker {
     /// The warm server of the task's repository, walled to that repository's worktrees (made
     /// on the first task of the repository).
     async fn repository_server(&self, run: &Run<'_>, log: &mut TaskLog) -> Stage<Walled> {
-        let Some(servers) = &self.servers else { return Ok(Walled::default()) };
         let repo = &run.task.repo;
+        let kind = run.spec.kind;
         let key = queue::home::repo_dir_name(Path::new(repo));
-        let made = servers.get(&key, || {
+        let make = || {
             let tmp = self.home.root().join("tmp").join(format!("server-{}", key));
-            let policy = self.repository_policy(repo, &tmp)?;
+            let policy = self.repository_policy(repo, &tmp, kind)?;
             let wall = Wall::build(&policy).map_err(|e| e.to_string())?;
             Ok::<_, String>((
                 Some(Arc::new(wall)),
                 vec![("TMPDIR".to_owned(), tmp.display().to_string())],
             ))
-        });
-        let server = match made {
-            Ok(s) => s,
-            Err(e) => return Err(self.wall_failed(run.task, e)),
         };
-        let abi = server.wall_abi();
+        let (server, acp, abi) = match (&run.acp, &self.servers) {
+            (Some(launch), _) => match self.acp.get(launch, &key, make) {
+                Ok(a) => {
+                    let abi = a.wall_abi();
+                    (None, Some(a), abi)
+                }
+                Err(e) => return Err(self.wall_failed(run.task, e)),
+            },
+            (None, Some(servers)) => match servers.get(&key, make) {
+                Ok(s) => {
+                    let abi = s.wall_abi();
+                    (Some(s), None, abi)
+                }
+                Err(e) => return Err(self.wall_failed(run.task, e)),
+            },
+            (None, None) => return Ok(Walled::default()),
+        };
         log.line(&format!(
-            "sandbox: Landlock ABI {}, on the warm server of {repo}, which writes only in that \
+            "sandbox: Landlock ABI {}, on the warm agent of {repo}, which writes only in that \
              repository's worktrees",
             abi.unwrap_or_default()
         ));
         let held = Held { abi, repository: true, ..Held::default() };
-        Ok(Walled { wall: None, env: Vec::new(), held, server: Some(server) })
+        Ok(Walled { wall: None, env: Vec::new(), held, server, acp })
     }
 
     /// What the warm server of `repo` may touch: every worktree of the repository (each
     /// task's directory is inside [`Worker::repo_worktrees`]), their git administration and
     /// objects, OpenCode's state, the server's own TMPDIR; not the rest of the home.
-    fn repository_policy(&self, repo: &str, tmp: &Path) -> Result<Policy, String> {
+    fn repository_policy(&self, repo: &str, tmp: &Path, kind: AgentKind) -> Result<Policy, String> {
         let text = |e: &dyn std::fmt::Display| e.to_string();
-        let mut write = self.common_writes(AgentKind::OpenCode).map_err(|e| text(&e))?;
+        let mut write = self.common_writes(kind).map_err(|e| text(&e))?;
         let worktrees = self.repo_worktrees(repo);
         std::fs::create_dir_all(&worktrees).map_err(|e| text(&e))?;
         queue::create_private_dir(tmp).map_err(|e| text(&e))?;
@@ -222,9 +252,39 @@ impl Worker {
         std::fs::create_dir_all(&admin).map_err(|e| text(&e))?;
         write.extend(crate::git::object_dirs(&common).map_err(|e| text(&e))?);
         write.extend([worktrees, admin, tmp.to_path_buf()]);
-        write.extend(self.bridge_files(AgentKind::OpenCode));
+        write.extend(self.bridge_files(kind));
         let read = vec![crate::agent::opencode_serve::plugin_dir(&self.home)];
-        Ok(Policy { write, read, hidden: self.hidden(), connect_only: None })
+        Ok(Policy { write, read, hidden: self.hidden(), ..Policy::default() })
+    }
+
+    /// How the run's agent is started over ACP, if it is: OpenCode in `acp` mode, or the
+    /// configured agent the task names (refused when this worker has no such agent, or its
+    /// program is missing here).
+    pub(super) fn acp_launch(
+        &self,
+        spec: &crate::agent::AgentSpec,
+    ) -> Stage<Option<crate::agent::acp::Launch>> {
+        let refuse = |error: String| {
+            let kind = queue::FailureKind::Launch;
+            Err(Outcome::FailedPermanently { error, kind, result: None }.into())
+        };
+        match spec.kind {
+            AgentKind::OpenCode => Ok(self.opencode_acp.clone()),
+            AgentKind::Acp => {
+                let name = spec.configured.as_deref().unwrap_or_default();
+                let Some(agent) = self.cfg.agent(name) else {
+                    return refuse(format!(
+                        "this worker has no agent '{name}': add [agents.{name}] to the config of \
+                         the worker that should run it"
+                    ));
+                };
+                if let Some(missing) = agent.missing(&self.cfg.env) {
+                    return refuse(missing);
+                }
+                Ok(Some(agent.launch()))
+            }
+            _ => Ok(None),
+        }
     }
 
     fn wall_failed(&self, task: &Task, why: String) -> super::End {
@@ -252,7 +312,20 @@ impl Worker {
             true => read.push(run.dir.clone()),
             false => write.push(run.dir.clone()),
         }
-        Ok(Policy { write, read, hidden: self.hidden(), connect_only: proxy.map(|p| vec![p]) })
+        Ok(Policy {
+            write,
+            read,
+            hidden: self.hidden(),
+            connect_only: proxy.map(|p| vec![p]),
+            // An ACP agent may serve itself on loopback (OpenCode 2 does): there its loopback
+            // bypasses the proxy, and a model provider on the host's loopback is forwarded in.
+            own_loopback: run.acp.is_some(),
+            loopback_forwards: model_hosts(&self.cfg)
+                .iter()
+                .filter(|h| ["127.0.0.1", "localhost", "::1", "[::1]"].contains(&h.name.as_str()))
+                .map(|h| h.port)
+                .collect(),
+        })
     }
 
     /// What every wall of this worker lets its agent write: the agent's own state (made here
@@ -283,7 +356,8 @@ impl Worker {
     /// needs of the queue: the SQLite file and its WAL, or the 0600 file with the PostgreSQL
     /// URL. Nothing without the bridge, or for another agent.
     fn bridge_files(&self, kind: AgentKind) -> Vec<PathBuf> {
-        if self.cfg.claude_bridge.is_none() || kind != AgentKind::OpenCode {
+        if self.cfg.claude_bridge.is_none() || !matches!(kind, AgentKind::OpenCode | AgentKind::Acp)
+        {
             return Vec::new();
         }
         match self.store.location() {

@@ -44,7 +44,7 @@ impl Worker {
         // A task with dependencies starts from their work, put together before any agent runs.
         let first_run = earlier.is_none() && (task.branch.is_none() || task.worktree.is_some());
         let (start, deps) = self.stack(task, first_run, log).await?;
-        let spec = AgentSpec::of(task);
+        let spec = AgentSpec::of_in(task, &self.cfg.agents);
         // An OpenCode follow-up's first run goes in the directory its parent ran in when that is
         // free: the parent's session lives there (see `prompt::Conversation`). Claude Code and
         // Codex take a session to any directory.
@@ -89,6 +89,7 @@ impl Worker {
             .into());
         }
         let model = self.model_for(task, &spec).await;
+        let acp = self.acp_launch(&spec)?;
         Ok(Run {
             task,
             token,
@@ -101,6 +102,7 @@ impl Worker {
             parent_dir,
             model,
             warm_server: self.servers.is_some(),
+            acp,
             deadline: tokio::time::Instant::now()
                 + Duration::from_secs(task.timeout_s.max(1) as u64),
             walled: Default::default(),

@@ -61,10 +61,17 @@ impl Maps {
     }
 }
 
+/// At most this many loopback ports besides the proxy's are forwarded into a namespace.
+const MAX_FORWARDS: usize = 8;
+
 /// One agent's way out of its namespace: the socket pair its child sends the listening socket
 /// on, and the proxy's port.
 pub struct Link {
     port: u16,
+    /// Ports of the host's loopback forwarded into the namespace at the same address (model
+    /// providers there, for an agent whose loopback bypasses the proxy).
+    forwards: [u16; MAX_FORWARDS],
+    n_forwards: usize,
     parent: OwnedFd,
     child: OwnedFd,
     maps: Maps,
@@ -80,7 +87,26 @@ impl Link {
         let (parent, child) =
             socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)?;
         let maps = Maps::of_this_process();
-        Ok(Link { port, parent, child, maps, inbound, asking: Default::default() })
+        let (forwards, n_forwards) = ([0; MAX_FORWARDS], 0);
+        Ok(Link {
+            port,
+            forwards,
+            n_forwards,
+            parent,
+            child,
+            maps,
+            inbound,
+            asking: Default::default(),
+        })
+    }
+
+    /// The same link, with `ports` of the host's loopback reachable inside at the same address
+    /// (the first [`MAX_FORWARDS`] of them).
+    pub fn with_forwards(mut self, ports: &[u16]) -> Link {
+        let ports: Vec<u16> = ports.iter().copied().filter(|p| *p != self.port).collect();
+        self.n_forwards = ports.len().min(MAX_FORWARDS);
+        self.forwards[..self.n_forwards].copy_from_slice(&ports[..self.n_forwards]);
+        self
     }
 
     /// Has `cmd`'s child make the namespace before anything else it does between fork and exec
@@ -99,7 +125,7 @@ impl Link {
         let (port, child, maps) = (self.port, self.child.as_raw_fd(), self.maps_copy());
         // SAFETY: as in `prepare`.
         unsafe {
-            cmd.pre_exec(move || isolate(port, child, &maps, false));
+            cmd.pre_exec(move || isolate(port, &[], child, &maps, false));
         }
     }
 
@@ -109,7 +135,8 @@ impl Link {
     }
 
     fn isolate(&self) -> io::Result<()> {
-        isolate(self.port, self.child.as_raw_fd(), &self.maps, self.inbound)
+        let forwards = &self.forwards[..self.n_forwards];
+        isolate(self.port, forwards, self.child.as_raw_fd(), &self.maps, self.inbound)
     }
 
     /// A connection to `port` inside the namespace, made by the helper (see the module's
@@ -178,20 +205,29 @@ impl Link {
     }
 
     /// Forwards every connection the agent makes to its namespace's `127.0.0.1:<port>` to the
-    /// proxy at the same address on the host, until the returned guard is dropped (with the
-    /// agent).
+    /// proxy at the same address on the host (and the same for each forwarded port), until the
+    /// returned guard is dropped (with the agent).
     pub fn forward(&self) -> io::Result<Forwarding> {
-        let listener = tokio::net::TcpListener::from_std(self.receive()?)?;
-        let port = self.port;
+        let ports: Vec<u16> = std::iter::once(self.port)
+            .chain(self.forwards[..self.n_forwards].iter().copied())
+            .collect();
+        let mut listeners = Vec::new();
+        for _ in &ports {
+            listeners.push(tokio::net::TcpListener::from_std(self.receive()?)?);
+        }
         let task = tokio::spawn(async move {
-            while let Ok((mut inside, _)) = listener.accept().await {
-                tokio::spawn(async move {
-                    if let Ok(mut proxy) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await
-                    {
-                        let _ = tokio::io::copy_bidirectional(&mut inside, &mut proxy).await;
-                    }
-                });
-            }
+            let each = listeners.into_iter().zip(ports).map(|(listener, port)| async move {
+                while let Ok((mut inside, _)) = listener.accept().await {
+                    tokio::spawn(async move {
+                        if let Ok(mut host) =
+                            tokio::net::TcpStream::connect(("127.0.0.1", port)).await
+                        {
+                            let _ = tokio::io::copy_bidirectional(&mut inside, &mut host).await;
+                        }
+                    });
+                }
+            });
+            futures::future::join_all(each).await;
         });
         Ok(Forwarding(task))
     }
@@ -225,9 +261,9 @@ fn write_file(path: &[u8], data: &[u8]) -> io::Result<()> {
     Ok(())
 }
 
-/// In the child: the namespaces, loopback up, the listener bound and sent to the worker; with
-/// `inbound`, the helper forked off.
-fn isolate(port: u16, chan: RawFd, maps: &Maps, inbound: bool) -> io::Result<()> {
+/// In the child: the namespaces, loopback up, the listeners bound (the proxy's, then each of
+/// `forwards`) and sent to the worker; with `inbound`, the helper forked off.
+fn isolate(port: u16, forwards: &[u16], chan: RawFd, maps: &Maps, inbound: bool) -> io::Result<()> {
     // SAFETY: system calls on integers and on structures on this stack frame.
     unsafe {
         let flags = match maps.root {
@@ -251,16 +287,18 @@ fn isolate(port: u16, chan: RawFd, maps: &Maps, inbound: bool) -> io::Result<()>
         let up = libc::ioctl(s, libc::SIOCSIFFLAGS, &ifr);
         libc::close(s);
         check(up)?;
-        // The proxy's address inside.
-        let l = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
-        check(l)?;
-        let (addr, len) = loopback(port);
-        check(libc::bind(l, (&raw const addr).cast(), len))?;
-        check(libc::listen(l, 128))?;
-        let sent = send(chan, Some(l));
-        libc::close(l);
-        if sent < 0 {
-            return Err(io::Error::last_os_error());
+        // The proxy's address inside, then the forwarded ones.
+        for p in std::iter::once(&port).chain(forwards) {
+            let l = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+            check(l)?;
+            let (addr, len) = loopback(*p);
+            check(libc::bind(l, (&raw const addr).cast(), len))?;
+            check(libc::listen(l, 128))?;
+            let sent = send(chan, Some(l));
+            libc::close(l);
+            if sent < 0 {
+                return Err(io::Error::last_os_error());
+            }
         }
         if inbound {
             let pid = libc::fork();

@@ -75,6 +75,23 @@ pub fn env_plugin(home: &queue::Home) -> std::io::Result<PathBuf> {
     Ok(path)
 }
 
+/// Records an agent process's pid and start time in `file` (under `<home>/servers/`), with the
+/// worker's own, so a later worker can tell the process is an orphan without the database (which
+/// may be what killed this one): [`kill_orphaned_servers`].
+pub fn record_pid(file: &Path, pid: i64) {
+    if let Some(dir) = file.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    let me = i64::from(std::process::id());
+    let record = json!({
+        "pid": pid,
+        "started": crate::process::process_start_time(pid),
+        "worker_pid": me,
+        "worker_started": crate::process::process_start_time(me),
+    });
+    let _ = std::fs::write(file, record.to_string());
+}
+
 /// A password nobody else on the machine can guess: 32 bytes from the kernel.
 pub(super) fn random_password() -> String {
     use std::io::Read;
@@ -207,20 +224,7 @@ impl ServeAgent {
                 tokio::time::sleep(TREE_REFRESH).await;
             }
         });
-        let started = crate::process::process_start_time(pid);
-        if let Some(dir) = self.pid_file.parent() {
-            let _ = std::fs::create_dir_all(dir);
-        }
-        // With the worker's own pid, so a later worker can tell this server is an orphan without
-        // the database (which may be what killed this one).
-        let me = i64::from(std::process::id());
-        let record = json!({
-            "pid": pid,
-            "started": started,
-            "worker_pid": me,
-            "worker_started": crate::process::process_start_time(me),
-        });
-        let _ = std::fs::write(&self.pid_file, record.to_string());
+        record_pid(&self.pid_file, pid);
         tracing::info!(port, pid, "OpenCode server started");
         Ok(Running { child, pid: pid as i32, tree, port, generation: 0, _forwarding: forwarding })
     }
