@@ -53,6 +53,11 @@ fn tool(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(".tools/node_modules/.bin").join(name)
 }
 
+/// OpenCode 2 (`@opencode/cli`), beside OpenCode 1 under `.tools/oc2`.
+fn opencode2() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(".tools/oc2/node_modules/.bin/opencode")
+}
+
 fn opencode() -> PathBuf {
     std::env::var_os("TASKBRIDGE_TEST_OPENCODE").map(PathBuf::from).unwrap_or_else(|| {
         Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -85,6 +90,8 @@ fn p50(v: &[f64]) -> f64 {
 /// A worker in `mode` on a fresh home, against `mock`.
 struct Rig {
     _dir: tempfile::TempDir,
+    /// TaskBridge's home: its log has the stamps of each run (`taskbridge::stamp`).
+    home: PathBuf,
     repo: PathBuf,
     store: queue::Store,
     worker: std::process::Child,
@@ -104,6 +111,11 @@ fn rig(mode: &str, mock: &MockAnthropic) -> Rig {
 
 /// A worker whose agents' CLIs have `env` (their endpoints and keys).
 fn rig_with(mode: &str, mock: &MockAnthropic, env: &[(String, String)]) -> Rig {
+    rig_program(mode, mock, env, &opencode())
+}
+
+/// [`rig_with`] with `program` as its OpenCode.
+fn rig_program(mode: &str, mock: &MockAnthropic, env: &[(String, String)], program: &Path) -> Rig {
     let dir = tempfile::tempdir().unwrap();
     let repo = common::repo(dir.path(), "repo");
     let oc_home = dir.path().join("ochome");
@@ -115,15 +127,15 @@ fn rig_with(mode: &str, mock: &MockAnthropic, env: &[(String, String)]) -> Rig {
     let worker = worker
         .args(["worker", "--concurrency", "1", "--opencode", mode])
         .env("TASKBRIDGE_HOME", home.root())
-        .env("TASKBRIDGE_OPENCODE", opencode())
+        .env("TASKBRIDGE_OPENCODE", program)
         .env("TASKBRIDGE_MODEL", "anthropic/claude-sonnet-4-5")
-        .env("TASKBRIDGE_LOG", "warn")
+        .env("TASKBRIDGE_LOG", "warn,taskbridge::stamp=debug")
         .envs(env.iter().map(|(k, v)| (k, v)))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    Rig { _dir: dir, repo, store, worker }
+    Rig { _dir: dir, home: home.root().to_path_buf(), repo, store, worker }
 }
 
 /// OpenCode's environment in a bench: a home of its own under `oc_home`, `mock` its provider,
@@ -244,9 +256,14 @@ fn measure_codex(n: usize) -> Figures {
 }
 
 fn measure_on(label: &str, rig: &Rig, under: &Under<'_>, n: usize) -> Figures {
+    measure_warm(label, rig, under, n, 1)
+}
+
+/// `n` tasks after `warmups` that are not counted.
+fn measure_warm(label: &str, rig: &Rig, under: &Under<'_>, n: usize, warmups: usize) -> Figures {
     let (store, repo) = (&rig.store, &rig.repo);
     let mut figures = Figures { first_request: Vec::new(), done: Vec::new(), after: Vec::new() };
-    for i in 0..=n {
+    for i in 0..n + warmups {
         pause();
         let before = under.arrivals().len();
         let t0 = Instant::now();
@@ -267,7 +284,7 @@ fn measure_on(label: &str, rig: &Rig, under: &Under<'_>, n: usize) -> Figures {
         }
         let end = Instant::now();
         let arrivals = under.arrivals();
-        if i > 0 {
+        if i >= warmups {
             figures.record(t0, end, arrivals[before], under.last_answer());
         }
     }
@@ -646,9 +663,86 @@ fn measure_new_repository(n: usize) {
     );
 }
 
+/// OpenCode 1.18.33 on its warm server, the same over ACP, and OpenCode 2.1.2 over ACP, side by
+/// side in one run: `bench=agent.opencode.<way>` each, then `bench=agent.acp` the ratios of the
+/// ACP paths to the warm server, and `bench=agent.acp.own` TaskBridge's own part of each ACP run
+/// from the stamps in the worker's log (claimed → the prompt, less the agent's session request;
+/// the prompt's answer → `done`).
+fn measure_acp(n: usize, warmups: usize) {
+    let way = |label: &str, mode: &str, program: &Path| {
+        let mock = MockAnthropic::spawn((0..n + warmups).map(|_| Turn::text("Done.")).collect());
+        let rig = rig_program(mode, &mock, &[], program);
+        let figures = measure_warm(label, &rig, &Under::OpenCode(&mock), n, warmups);
+        let own = own_parts(&rig.home, warmups);
+        (figures, own)
+    };
+    let (serve, _) = way("opencode1.serve", "serve", &opencode());
+    let (acp1, own1) = way("opencode1.acp", "acp", &opencode());
+    let (acp2, own2) = way("opencode2.acp", "acp", &opencode2());
+    let ratio = |a: &Figures, f: fn(&Figures) -> &Vec<f64>| p50(f(a)) / p50(f(&serve));
+    println!(
+        "bench=agent.acp first_request_acp1_over_serve={:.2} after_last_answer_acp1_over_serve={:.2} \
+         first_request_acp2_over_serve={:.2} after_last_answer_acp2_over_serve={:.2}",
+        ratio(&acp1, |f| &f.first_request),
+        ratio(&acp1, |f| &f.after),
+        ratio(&acp2, |f| &f.first_request),
+        ratio(&acp2, |f| &f.after),
+    );
+    for (label, (before, after)) in [("opencode1", own1), ("opencode2", own2)] {
+        println!(
+            "bench=agent.acp.own agent={label} before_prompt_p50_ms={:.2} before_prompt_max_ms={:.2} \
+             after_answer_p50_ms={:.2} after_answer_max_ms={:.2}",
+            p50(&before),
+            before.iter().cloned().fold(0.0, f64::max),
+            p50(&after),
+            after.iter().cloned().fold(0.0, f64::max),
+        );
+    }
+}
+
+/// TaskBridge's own part of each ACP run but the first `warmups`, from the worker log's stamps:
+/// (claimed → prompted, less session asked → had; answered → finished), in ms.
+fn own_parts(home: &Path, warmups: usize) -> (Vec<f64>, Vec<f64>) {
+    let log = std::fs::read_to_string(home.join("logs/taskbridge.log")).unwrap_or_default();
+    let mut at: std::collections::BTreeMap<u64, std::collections::HashMap<String, f64>> =
+        Default::default();
+    for line in log.lines().filter(|l| l.contains("taskbridge::stamp")) {
+        let field = |k: &str| {
+            line.split_whitespace().find_map(|w| w.strip_prefix(k)).map(|v| v.trim_matches('"'))
+        };
+        let (Some(task), Some(stamp)) = (field("task="), field("stamp=")) else { continue };
+        let Some(clock) = line.get(11..26) else { continue };
+        let secs: Vec<f64> = clock.split(':').filter_map(|p| p.parse().ok()).collect();
+        let [h, m, s] = secs[..] else { continue };
+        let t = (h * 3600.0 + m * 60.0 + s) * 1e3;
+        at.entry(task.parse().unwrap_or(0)).or_default().entry(stamp.to_owned()).or_insert(t);
+    }
+    let (mut before, mut after) = (Vec::new(), Vec::new());
+    for stamps in at.values().skip(warmups) {
+        let g = |k: &str| stamps.get(k).copied();
+        if let (Some(c), Some(p), Some(a), Some(f)) =
+            (g("claimed"), g("acp.prompted"), g("acp.answered"), g("finished"))
+        {
+            let session = match (g("acp.session_asked"), g("acp.session_had")) {
+                (Some(x), Some(y)) => y - x,
+                _ => 0.0,
+            };
+            before.push(p - c - session);
+            after.push(f - a);
+        }
+    }
+    (before, after)
+}
+
 fn main() {
     let full = std::env::args().any(|a| a == "--bench");
     let n = if full { 20 } else { 3 };
+    // `cargo bench --bench agents -- acp`: OpenCode's warm server beside both OpenCodes over ACP
+    // (15 tasks after 2 warm-ups each).
+    if std::env::args().any(|a| a == "acp") {
+        measure_acp(if full { 15 } else { 3 }, 2);
+        return;
+    }
     // `cargo bench --bench agents -- new_repository`: only a new repository's first task.
     if std::env::args().any(|a| a == "new_repository") {
         measure_new_repository(if full { 10 } else { 2 });
@@ -713,4 +807,5 @@ fn main() {
     );
     measure_answer(n);
     measure_new_repository(if full { 10 } else { 2 });
+    measure_acp(if full { 15 } else { 3 }, 2);
 }

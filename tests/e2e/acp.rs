@@ -76,6 +76,8 @@ fn first_task(oc: Oc) {
         "greeting"
     );
     assert_eq!(r["agent"]["mode"], "acp", "{r:#}");
+    // OpenCode 1 cannot put its question tool to a client over ACP; 2 asks it as a form.
+    assert_eq!(r["agent"]["native_questions"], oc == Oc::Two, "{r:#}");
     // Every step the model answered, summed exactly (1.18.33's own answer names only the last).
     assert_eq!(usage_of(&t), mock.sent_to_steps(), "{:#}\n{}", r["usage"], env.log(id));
     assert!(r["usage"]["cost_usd"].as_f64().unwrap() > 0.0, "{:#}", r["usage"]);

@@ -293,6 +293,7 @@ impl Worker {
         let attempt = crate::trace::Attempt::start(&claim.task, claim.resume.is_some());
         let Claim { task, token, resume, new_notes, .. } = claim;
         let id = task.id;
+        crate::trace::stamp(id, "claimed");
         let mut log = TaskLog::open(&self.home.logs_dir(), id.0);
         log.line(&match &resume {
             Some(_) => format!("resuming after an answer (worker {})", self.id),
@@ -348,12 +349,14 @@ impl Worker {
                 }
             }
         };
-        let model = self.model_for(&task, &crate::agent::AgentSpec::of(&task)).await;
+        let model =
+            self.model_for(&task, &crate::agent::AgentSpec::of_in(&task, &self.cfg.agents)).await;
         crate::metrics::finished(&task, model.as_deref(), &outcome, began.elapsed().as_secs_f64());
         attempt.end(&task, &outcome);
         let summary = describe(&outcome);
         match self.blocking(move |s| s.finish(id, token, outcome)).await {
             Ok(t) => {
+                crate::trace::stamp(id, "finished");
                 log.line(&format!("{summary}; task is {}", t.status));
                 if let Some(event) = notify::Event::for_task(&t) {
                     self.notifier.send(event);

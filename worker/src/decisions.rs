@@ -89,11 +89,10 @@ pub fn answer_prompt(ask: &queue::Ask, answer: &str) -> String {
 pub fn agent_report(
     task: &Task,
     spec: &crate::agent::AgentSpec,
-    serving: bool,
+    caps: queue::Capabilities,
     mode: Option<&str>,
 ) -> result::AgentReport {
     use crate::agent::AgentKind;
-    let caps = spec.kind.capabilities(serving);
     let mut fallbacks = Vec::new();
     if !caps.native_questions {
         fallbacks.push(
@@ -363,7 +362,7 @@ mod tests {
         task.ask_rules = rules.iter().map(|s| s.to_string()).collect();
         let spec = AgentSpec { kind, opencode_agent: None, configured: None };
         let mode = (kind == AgentKind::OpenCode).then_some(if serving { "serve" } else { "run" });
-        agent_report(&task, &spec, serving, mode)
+        agent_report(&task, &spec, kind.capabilities(serving), mode)
     }
 
     fn said(r: &result::AgentReport, start: &str) -> bool {

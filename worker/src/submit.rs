@@ -153,10 +153,16 @@ pub fn submit_batch(
     let live: Vec<_> = workers.iter().filter(|w| !w.stopped && !w.stale).collect();
     for agent in wanted {
         if !live.is_empty() && !live.iter().any(|w| w.agents.contains(&agent)) {
+            let (has, fix) = match cfg.agent(&agent) {
+                Some(_) => {
+                    (format!("[agents.{agent}] in its config"), "configure it on a worker's host")
+                }
+                None => (format!("the {agent} CLI"), "install it on a worker's host"),
+            };
             warnings.push(format!(
-                "no running worker has the {agent} agent, so the task will fail saying what to \
-                 install or configure: set it up on a worker's host and restart that worker \
-                 first (`taskbridge list-workers` shows what each runs)"
+                "no running worker has {has}, so the task will fail saying what to install or \
+                 configure: {fix} and restart that worker first (`taskbridge list-workers` \
+                 shows what each runs)"
             ));
         }
     }

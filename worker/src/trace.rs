@@ -152,3 +152,10 @@ fn cost(r: &TaskResult, before: &Usage, mut set: impl FnMut(KeyValue)) {
         set(KeyValue::new("taskbridge.cost_usd", (r.usage.cost() - before.cost()).max(0.0)));
     }
 }
+
+/// A moment in a task's run, in the worker's log (target `taskbridge::stamp`, at debug): where
+/// TaskBridge's own part of a run begins and ends around the agent's, which the benchmark of the
+/// agents reads (`TASKBRIDGE_LOG=warn,taskbridge::stamp=debug`).
+pub fn stamp(task: queue::TaskId, what: &'static str) {
+    tracing::debug!(target: "taskbridge::stamp", task = task.0, stamp = what);
+}

@@ -56,6 +56,8 @@ pub(crate) struct Run<'a> {
     pub model: Option<String>,
     /// Whether this worker has a warm server at all.
     pub warm_server: bool,
+    /// The major version of the worker's OpenCode, where it could tell.
+    pub opencode_major: Option<u32>,
     /// How the agent is started when it is driven over ACP (OpenCode in `acp` mode, a
     /// configured agent).
     pub acp: Option<crate::agent::acp::Launch>,
@@ -177,6 +179,19 @@ impl Run<'_> {
             || (self.warm_server && self.spec.kind == crate::agent::AgentKind::OpenCode)
     }
 
+    /// What the agent could do on this run. OpenCode 1 over ACP has no way to put its
+    /// `question` tool to the client (2 asks it as a form), so its questions come in its answer.
+    pub fn capabilities(&self) -> queue::Capabilities {
+        let mut caps = self.spec.kind.capabilities(self.serving());
+        if self.acp.is_some()
+            && self.spec.kind == crate::agent::AgentKind::OpenCode
+            && self.opencode_major.is_some_and(|m| m < 2)
+        {
+            caps.native_questions = false;
+        }
+        caps
+    }
+
     /// How the agent is driven, as the result reports it.
     pub fn mode(&self) -> Option<&'static str> {
         match (&self.acp, self.spec.kind) {
@@ -221,6 +236,7 @@ pub(crate) mod tests {
             model: Some("anthropic/claude-x".into()),
             warm_server: true,
             acp: None,
+            opencode_major: None,
             deadline: tokio::time::Instant::now(),
             walled: Default::default(),
         }

@@ -103,7 +103,7 @@ pub(super) fn result_of(exit: &AgentExit, run: &Run<'_>, carried: &Usage) -> Tas
         &run.walled.held,
     );
     permissions.extend(crate::decisions::ask_permissions(task, run.spec.kind, run.serving()));
-    let agent = crate::decisions::agent_report(task, &run.spec, run.serving(), run.mode());
+    let agent = crate::decisions::agent_report(task, &run.spec, run.capabilities(), run.mode());
     // An agent that reports no cost spent an unknown amount (`null`), not nothing; one that
     // reports it and took no step spent nothing.
     usage.cost_usd = agent.capabilities.reports_cost.then(|| usage.cost());

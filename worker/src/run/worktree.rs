@@ -103,6 +103,7 @@ impl Worker {
             model,
             warm_server: self.servers.is_some(),
             acp,
+            opencode_major: self.opencode_version.as_deref().and_then(crate::agent::major),
             deadline: tokio::time::Instant::now()
                 + Duration::from_secs(task.timeout_s.max(1) as u64),
             walled: Default::default(),

@@ -326,7 +326,9 @@ impl AcpAgent {
             }
             // No request to answer here: the answer is in the turn's prompt.
             _ => {
+                crate::trace::stamp(turn.task.id, "acp.session_asked");
                 let session = self.session_for(&conn, &mut turn, log).await?;
+                crate::trace::stamp(turn.task.id, "acp.session_had");
                 let rx = conn.route(&session);
                 let state = TurnState {
                     updates: wire::Updates::default(),
@@ -336,6 +338,7 @@ impl AcpAgent {
                     queued: Vec::new(),
                 };
                 conn.prompt(&session, &turn.prompt);
+                crate::trace::stamp(turn.task.id, "acp.prompted");
                 (session, rx, state)
             }
         };
@@ -575,6 +578,7 @@ impl AcpAgent {
                             )));
                         }
                         Incoming::Done(Ok(result)) => {
+                            crate::trace::stamp(turn.task.id, "acp.answered");
                             if let Some(next) = (!state.queued.is_empty()).then(|| state.queued.remove(0)) {
                                 conn.prompt(session, &next);
                                 continue;
