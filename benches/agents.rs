@@ -30,6 +30,10 @@
 //! submitter takes to read one result before it sends the next task), where by default the next
 //! task follows the last one's end at once.
 //!
+//! `-- acp` runs only OpenCode 1.18.33 on its warm server beside the same over ACP and OpenCode
+//! 2.1.2 over ACP (15 tasks after 2 warm-ups each), with TaskBridge's own part of each ACP run
+//! from the stamps in the worker's log (`bench=agent.acp.own`, and `.parts` between stamps).
+//!
 //! `-- after_turn` runs only OpenCode alone, in TaskBridge's pattern against the streaming mock,
 //! with each prompt held a given time after the last turn went idle (0 to 500 ms):
 //! `bench=agent.opencode.after_turn hold_ms=.. first_request_p50_ms=..`, the prompt → the
@@ -688,7 +692,10 @@ fn measure_acp(n: usize, warmups: usize) {
         ratio(&acp2, |f| &f.first_request),
         ratio(&acp2, |f| &f.after),
     );
-    for (label, (before, after)) in [("opencode1", own1), ("opencode2", own2)] {
+    for (label, (before, after, parts)) in [("opencode1", own1), ("opencode2", own2)] {
+        let parts: Vec<String> =
+            parts.iter().map(|(k, v)| format!("{k}_p50_ms={:.2}", p50(v))).collect();
+        println!("bench=agent.acp.own.parts agent={label} {}", parts.join(" "));
         println!(
             "bench=agent.acp.own agent={label} before_prompt_p50_ms={:.2} before_prompt_max_ms={:.2} \
              after_answer_p50_ms={:.2} after_answer_max_ms={:.2}",
@@ -702,7 +709,9 @@ fn measure_acp(n: usize, warmups: usize) {
 
 /// TaskBridge's own part of each ACP run but the first `warmups`, from the worker log's stamps:
 /// (claimed → prompted, less session asked → had; answered → finished), in ms.
-fn own_parts(home: &Path, warmups: usize) -> (Vec<f64>, Vec<f64>) {
+type Parts = Vec<(&'static str, Vec<f64>)>;
+
+fn own_parts(home: &Path, warmups: usize) -> (Vec<f64>, Vec<f64>, Parts) {
     let log = std::fs::read_to_string(home.join("logs/taskbridge.log")).unwrap_or_default();
     let mut at: std::collections::BTreeMap<u64, std::collections::HashMap<String, f64>> =
         Default::default();
@@ -718,8 +727,27 @@ fn own_parts(home: &Path, warmups: usize) -> (Vec<f64>, Vec<f64>) {
         at.entry(task.parse().unwrap_or(0)).or_default().entry(stamp.to_owned()).or_insert(t);
     }
     let (mut before, mut after) = (Vec::new(), Vec::new());
+    // Between consecutive stamps of a run, where they are all there.
+    let order = [
+        "claimed",
+        "prepared",
+        "walled",
+        "acp.session_asked",
+        "acp.session_had",
+        "acp.prompted",
+        "acp.answered",
+        "turned",
+        "committed",
+        "finished",
+    ];
+    let mut parts: Parts = order.windows(2).map(|w| (w[1], Vec::new())).collect();
     for stamps in at.values().skip(warmups) {
         let g = |k: &str| stamps.get(k).copied();
+        for (i, w) in order.windows(2).enumerate() {
+            if let (Some(a), Some(b)) = (g(w[0]), g(w[1])) {
+                parts[i].1.push(b - a);
+            }
+        }
         if let (Some(c), Some(p), Some(a), Some(f)) =
             (g("claimed"), g("acp.prompted"), g("acp.answered"), g("finished"))
         {
@@ -731,7 +759,8 @@ fn own_parts(home: &Path, warmups: usize) -> (Vec<f64>, Vec<f64>) {
             after.push(f - a);
         }
     }
-    (before, after)
+    parts.retain(|(_, v)| !v.is_empty());
+    (before, after, parts)
 }
 
 fn main() {

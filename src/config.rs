@@ -20,7 +20,7 @@ pub struct FileConfig {
     pub agents: std::collections::BTreeMap<String, AgentSection>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AgentSection {
     /// The program and its arguments, as a list (`["opencode", "acp"]`).
@@ -70,6 +70,18 @@ impl Default for NotifySection {
 pub fn config_dir(env: &queue::Environment) -> Option<PathBuf> {
     let base = env.path("XDG_CONFIG_HOME").or_else(|| env.home_dir().map(|h| h.join(".config")))?;
     Some(base.join("taskbridge"))
+}
+
+/// The environment's names only: its values may be keys.
+impl std::fmt::Debug for AgentSection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&String> = self.env.keys().collect();
+        f.debug_struct("AgentSection")
+            .field("command", &self.command)
+            .field("protocol", &self.protocol)
+            .field("env", &names)
+            .finish()
+    }
 }
 
 /// An `[agents.NAME]` table, checked: a name a task can give, a command, the protocol ACP.

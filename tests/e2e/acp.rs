@@ -86,6 +86,14 @@ fn first_task(oc: Oc) {
     let log = env.log(id);
     assert!(log.contains("opencode over ACP: session ses_"), "{log}");
     assert!(log.contains("hello.txt (completed)"), "{log}");
+    // The repository's next task goes on in the directory the agent knows, in a session made
+    // there ahead while the last one ran.
+    mock.push([Turn::text(result_block("Nothing to do."))]);
+    let next = env.submit(&["Look again"]);
+    let t = env.wait_status(next, "done", RUN);
+    let log = env.log(next);
+    assert!(log.contains("(reusing") && log.contains("(made ahead)"), "{log}");
+    assert_ne!(t["session_id"], r["session_id"], "a session of its own");
 }
 
 #[test]
@@ -447,4 +455,63 @@ fn an_agent_that_speaks_acp_wrongly_ends_its_task_with_a_clear_error_and_nothing
     let malformed = env.submit(&["Again", "--agent", "bad-malformed"]);
     let t = env.wait_status(malformed, "failed", RUN);
     assert_eq!(t["attempts"], 1, "no retry mends a malformed message: {t:#}");
+}
+
+/// The TCP ports process `pid` listens on (its sockets in `/proc/net/tcp`, state LISTEN).
+fn listening_ports(pid: i32) -> Vec<u16> {
+    let inodes: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| std::fs::read_link(e.path()).ok())
+                .filter_map(|l| {
+                    let l = l.to_string_lossy().into_owned();
+                    Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_owned())
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|row| {
+            let f: Vec<&str> = row.split_whitespace().collect();
+            let listening = f.get(3) == Some(&"0A");
+            let ours = f.get(9).is_some_and(|i| inodes.iter().any(|x| x == i));
+            let port = u16::from_str_radix(f.get(1)?.rsplit(':').next()?, 16).ok()?;
+            (listening && ours).then_some(port)
+        })
+        .collect()
+}
+
+/// OpenCode 1's `acp` serves its HTTP API on the host's loopback for itself: it asks for a
+/// password nobody else has, and the agent's commands do not get it.
+#[test]
+fn opencode_1s_own_server_over_acp_asks_a_password_its_commands_do_not_get() {
+    let mock = MockAnthropic::spawn(vec![
+        Turn::bash("env > env.txt"),
+        Turn::text(result_block("Looked.")),
+        Turn::text(result_block("Looked.")),
+    ]);
+    let env = world(Oc::One, &mock);
+    let id = env.submit(&["Look around", "--keep-worktree"]);
+    let _w = worker(&env, Oc::One);
+    let t = env.wait_status(id, "done", RUN);
+    let seen = std::fs::read_to_string(env.worktree(id).join("env.txt")).unwrap();
+    assert!(seen.contains("PATH="), "the command ran: {t:#}");
+    let password: Vec<&str> =
+        seen.lines().filter(|l| l.starts_with("OPENCODE_SERVER_PASSWORD=")).collect();
+    assert!(password.iter().all(|l| *l == "OPENCODE_SERVER_PASSWORD="), "{password:?}");
+    let agent = agent_pid(&env).expect("the ACP agent's pid file");
+    let ports = listening_ports(agent);
+    assert!(!ports.is_empty(), "OpenCode 1's acp serves its API on loopback");
+    for port in ports {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.write_all(b"GET /session HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        let mut answer = String::new();
+        let _ = s.read_to_string(&mut answer);
+        assert!(answer.starts_with("HTTP/1.1 401"), "port {port} answered: {answer}");
+    }
 }

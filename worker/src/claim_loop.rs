@@ -82,8 +82,14 @@ impl Worker {
             }
             cfg.opencode_mode = OpenCodeMode::Acp;
         }
-        let opencode_acp = (cfg.opencode_mode == OpenCodeMode::Acp)
-            .then(|| crate::agent::opencode_acp_launch(&cfg));
+        let opencode_acp = (cfg.opencode_mode == OpenCodeMode::Acp).then(|| {
+            let plugin = crate::agent::opencode_serve::env_plugin(&home);
+            if let Err(e) = &plugin {
+                // Said, not fatal: the agent's commands would see OpenCode's password.
+                tracing::warn!(error = %e, "cannot write OpenCode's environment plugin");
+            }
+            crate::agent::opencode_acp_launch(&cfg, plugin.ok().as_deref())
+        });
         let wake = Arc::new(Notify::new());
         let w = wake.clone();
         store.on_change(move || w.notify_one());

@@ -87,13 +87,20 @@ pub struct WorkerConfig {
 }
 
 /// An agent of the config file (`[agents.NAME]`): a command that speaks ACP on its stdio.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Clone, PartialEq)]
 pub struct ConfiguredAgent {
     pub name: String,
     /// The program and its arguments.
     pub command: Vec<String>,
     /// More environment for it (its API key's variable, say).
     pub env: Vec<(String, String)>,
+}
+
+/// The environment's names only: its values may be keys.
+impl std::fmt::Debug for ConfiguredAgent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.launch().fmt(f)
+    }
 }
 
 impl ConfiguredAgent {

@@ -258,6 +258,7 @@ impl Worker {
             if let Some(servers) = &self.servers {
                 servers.forget_ready(&sp.dir).await;
             }
+            self.acp.forget_ready(&sp.dir);
             let (repo, d) = (PathBuf::from(&sp.repo), sp.dir.clone());
             if let Ok(Err(e)) =
                 tokio::task::spawn_blocking(move || git::remove_worktree(&repo, &d)).await

@@ -363,12 +363,22 @@ pub fn major(version: &str) -> Option<u32> {
 /// How the worker runs OpenCode on ACP: `opencode acp`, told to ask for every tool call (the
 /// task's rules decide each), with the user's per-run configuration kept and a bridge the user
 /// registered in opencode.json switched off (the worker hands its own to each session).
-pub fn opencode_acp_launch(cfg: &crate::WorkerConfig) -> acp::Launch {
+///
+/// OpenCode 1's `acp` serves its own HTTP API on the host's loopback for its ACP side to call:
+/// like the warm server it is given a password nobody else knows, and `plugin` (the environment
+/// plugin, when it could be written) keeps that password out of the commands the agent runs.
+pub fn opencode_acp_launch(cfg: &crate::WorkerConfig, plugin: Option<&Path>) -> acp::Launch {
     let content = crate::opencode_config::headless(cfg.opencode_config_content.as_deref());
     let unoffered = crate::WorkerConfig { claude_bridge: None, ..cfg.clone() };
-    let content = crate::opencode_config::with_task_bridge(Some(&content), &unoffered);
+    let mut content = crate::opencode_config::with_task_bridge(Some(&content), &unoffered);
+    if let Some(plugin) = plugin {
+        content = crate::opencode_config::with_plugin(Some(&content), plugin);
+    }
     let content = crate::opencode_config::asking_for_everything(&content);
-    let mut env = vec![("OPENCODE_CONFIG_CONTENT".to_owned(), content)];
+    let mut env = vec![
+        ("OPENCODE_CONFIG_CONTENT".to_owned(), content),
+        ("OPENCODE_SERVER_PASSWORD".to_owned(), opencode_serve::random_password()),
+    ];
     env.extend(opencode_serve::npm_offline(&cfg.env));
     acp::Launch {
         name: "opencode".into(),

@@ -121,11 +121,16 @@ impl Worker {
                 self.prepare(task, token, log).await?
             };
             ran_in = Some(run.dir.clone());
+            crate::trace::stamp(task.id, "prepared");
             run.walled = self.wall(&run, log).await?;
+            crate::trace::stamp(task.id, "walled");
             let mut talk = prompt::Conversation::new(&run, resume, &new_notes, &self.cfg);
             let res = self.turns(&run, &mut talk, &new_notes, log, stop, attempt).await?;
+            crate::trace::stamp(task.id, "turned");
             let _step = attempt.step("commit");
-            self.finish(&run, res, log).await
+            let finished = self.finish(&run, res, log).await;
+            crate::trace::stamp(task.id, "committed");
+            finished
         };
         let ended = stages.await;
         // An ACP agent of the task's own goes with its run; what a shared one still runs in

@@ -224,6 +224,8 @@ impl Worker {
             grants,
             mcp_servers: self.mcp_servers(),
             ledger,
+            // A shared agent's directory may be kept for the repository's next task.
+            ahead: run.walled.wall.is_none() && !task.worktree_keep,
         };
         let mut on_step = progress(self.store.clone(), run, session);
         let name = run.spec.name().to_owned();

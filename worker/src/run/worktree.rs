@@ -376,12 +376,12 @@ impl Worker {
         Ok(Outcome::Done { result: Box::new(res) })
     }
 
-    /// A done task's directory: kept for this worker's next task of the repository (`serve`
-    /// mode), else removed, with the session its turn made ahead there for that next task; the
+    /// A done task's directory: kept for this worker's next task of the repository (on a warm
+    /// agent: OpenCode's server, an ACP agent, which set themselves up for it), else removed, with the session its turn made ahead there for that next task; the
     /// branch keeps the work either way.
     async fn leave_worktree(&self, run: &Run<'_>, log: &mut TaskLog) {
         let (task, dir) = (run.task, &run.dir);
-        if self.servers.is_some() && self.keep_spare(&task.repo, dir, &run.branch).await {
+        if run.serving() && self.keep_spare(&task.repo, dir, &run.branch).await {
             log.line(
                 "work committed (the branch keeps it); the directory stays for this worker's \
                  next task of this repository, cleaned first",
@@ -390,6 +390,9 @@ impl Worker {
         }
         if let Some(server) = run.walled.shared_server() {
             server.forget_ready(dir).await;
+        }
+        if let Some(agent) = &run.walled.acp {
+            agent.forget_ready(dir);
         }
         let (repo, d) = (PathBuf::from(&task.repo), dir.to_path_buf());
         match tokio::task::spawn_blocking(move || git::remove_worktree(&repo, &d)).await {

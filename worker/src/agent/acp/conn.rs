@@ -38,13 +38,27 @@ pub(super) enum Incoming {
 type Routes = Arc<Mutex<HashMap<String, mpsc::UnboundedSender<Incoming>>>>;
 
 /// How to start the agent.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Clone, PartialEq)]
 pub struct Launch {
     /// The agent's name (`opencode`, or the `[agents.NAME]` it was configured as).
     pub name: String,
     pub program: PathBuf,
     pub args: Vec<String>,
     pub env: Vec<(String, String)>,
+}
+
+/// Names only: the environment holds the agent's password and whatever keys a configuration
+/// gives it.
+impl std::fmt::Debug for Launch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = self.env.iter().map(|(k, _)| k.as_str()).collect();
+        f.debug_struct("Launch")
+            .field("name", &self.name)
+            .field("program", &self.program)
+            .field("args", &self.args)
+            .field("env", &names)
+            .finish()
+    }
 }
 
 /// A live agent process and its connection.

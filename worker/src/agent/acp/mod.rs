@@ -87,6 +87,8 @@ impl AcpAgents {
             state: Default::default(),
             generation: Default::default(),
             live: Default::default(),
+            models: Default::default(),
+            ready: Default::default(),
             costs: Default::default(),
             parked: Default::default(),
         });
@@ -109,6 +111,13 @@ impl AcpAgents {
         };
         for a in gone {
             a.shutdown().await;
+        }
+    }
+
+    /// Forgets the sessions made ahead in `dir` (a spare being removed), on every agent.
+    pub fn forget_ready(&self, dir: &Path) {
+        for a in self.all() {
+            a.forget_ready(dir);
         }
     }
 
@@ -166,7 +175,11 @@ pub struct AcpAgent {
     state: tokio::sync::Mutex<Option<Arc<Conn>>>,
     generation: std::sync::atomic::AtomicU64,
     /// The sessions the live process holds, and the directory each was made in.
-    live: std::sync::Mutex<HashMap<String, PathBuf>>,
+    live: Arc<std::sync::Mutex<HashMap<String, PathBuf>>>,
+    /// Each live session's model, as its `model` option last said.
+    models: Arc<std::sync::Mutex<HashMap<String, String>>>,
+    /// Sessions made ahead, by directory, for the next task there.
+    ready: Arc<std::sync::Mutex<HashMap<PathBuf, String>>>,
     /// Each session's cost as the agent last counted it (its `usage_update`s are the
     /// session's total, not the turn's).
     costs: std::sync::Mutex<HashMap<String, f64>>,
@@ -220,6 +233,9 @@ pub struct Turn<'a> {
     pub mcp_servers: Value,
     /// OpenCode's database, where its steps' spend is read exactly.
     pub ledger: Option<PathBuf>,
+    /// Make a session in the directory for the next task there, once the model has been asked
+    /// (the directory may be kept for the repository's next task).
+    pub ahead: bool,
 }
 
 fn now_ms() -> i64 {
@@ -242,6 +258,7 @@ impl AcpAgent {
             tracing::warn!(agent = %self.launch.name, "the ACP agent had died; starting a new one");
         }
         lock(&self.live).clear();
+        lock(&self.ready).clear();
         let conn = Arc::new(Conn::start(&self.launch, self.wall.as_ref(), &self.env).await?);
         crate::agent::opencode_serve::record_pid(&self.pid_file, i64::from(conn.pid));
         self.generation.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -452,23 +469,46 @@ impl AcpAgent {
                 turn.prompt = alone;
             }
         }
-        let params = json!({"cwd": dir, "mcpServers": turn.mcp_servers});
-        let made = conn.request("session/new", params).await.map_err(|e| {
-            protocol_err(format!("the {} agent did not make a session: {e}", self.launch.name))
-        })?;
-        let Some(s) = made.get("sessionId").and_then(Value::as_str).map(str::to_owned) else {
-            return Err(protocol_err(format!(
-                "the {} agent answered `session/new` without a sessionId: {made}",
-                self.launch.name
-            )));
-        };
+        let ahead = lock(&self.ready).remove(turn.dir);
+        if let Some(s) = ahead.filter(|s| lock(&self.live).contains_key(s)) {
+            log.line(&format!("{} over ACP: session {s} (made ahead)", self.launch.name));
+            self.set_model(conn, &s, turn, log).await?;
+            return Ok(s);
+        }
+        let s = new_session(conn, turn.dir, &turn.mcp_servers, &self.live, &self.models)
+            .await
+            .map_err(|e| {
+                protocol_err(format!("the {} agent did not make a session: {e}", self.launch.name))
+            })?;
         log.line(&format!("{} over ACP: session {s}", self.launch.name));
-        lock(&self.live).insert(s.clone(), turn.dir.to_path_buf());
         self.set_model(conn, &s, turn, log).await?;
         Ok(s)
     }
 
-    /// Sets the task's model on the session, through the agent's `model` option.
+    /// Makes a session in `dir` for the next task there, off the turn's way.
+    fn make_ready(&self, conn: &Arc<Conn>, dir: &Path, mcp_servers: &Value) {
+        if lock(&self.ready).contains_key(dir) {
+            return;
+        }
+        let (conn, dir, mcp) = (conn.clone(), dir.to_path_buf(), mcp_servers.clone());
+        let (live, models, ready) = (self.live.clone(), self.models.clone(), self.ready.clone());
+        tokio::spawn(async move {
+            match new_session(&conn, &dir, &mcp, &live, &models).await {
+                Ok(s) => {
+                    lock(&ready).insert(dir, s);
+                }
+                Err(e) => tracing::debug!(error = %e, "making a session ahead failed"),
+            }
+        });
+    }
+
+    /// Forgets the session made ahead in `dir` (a directory being removed).
+    pub fn forget_ready(&self, dir: &Path) {
+        lock(&self.ready).remove(dir);
+    }
+
+    /// Sets the task's model on the session, through the agent's `model` option (when it is
+    /// not that already).
     async fn set_model(
         &self,
         conn: &Conn,
@@ -477,9 +517,15 @@ impl AcpAgent {
         log: &mut TaskLog,
     ) -> std::io::Result<()> {
         let Some(model) = &turn.model else { return Ok(()) };
+        if lock(&self.models).get(session) == Some(model) {
+            return Ok(());
+        }
         let params = json!({"sessionId": session, "configId": "model", "value": model});
         match conn.request("session/set_config_option", params).await {
-            Ok(_) => Ok(()),
+            Ok(_) => {
+                lock(&self.models).insert(session.to_owned(), model.clone());
+                Ok(())
+            }
             Err(e) if e.contains("-32601") || e.to_lowercase().contains("method not found") => {
                 log.line(&format!(
                     "the {} agent cannot be given a model over ACP; it uses its own",
@@ -498,7 +544,7 @@ impl AcpAgent {
     #[allow(clippy::too_many_arguments)]
     async fn follow(
         &self,
-        conn: &Conn,
+        conn: &Arc<Conn>,
         session: &str,
         rx: &mut mpsc::UnboundedReceiver<Incoming>,
         state: &mut TurnState,
@@ -512,6 +558,7 @@ impl AcpAgent {
         let mut stopped = None;
         let mut waiting: Option<(Ask, Option<(String, Pending)>)> = None;
         let mut steps = 0;
+        let mut asked = false;
         loop {
             tokio::select! {
                 _ = tick.tick() => {
@@ -526,6 +573,11 @@ impl AcpAgent {
                     };
                     match msg {
                         Incoming::Update(u) => {
+                            if !asked && turn.ahead {
+                                // The model has been asked: the agent is free meanwhile.
+                                asked = true;
+                                self.make_ready(conn, turn.dir, &turn.mcp_servers);
+                            }
                             let events = state.updates.read(&u);
                             let step_ended = events.iter().any(|e| matches!(e, AgentEvent::StepStarted | AgentEvent::ToolEnded { .. }));
                             apply(&mut state.run, events, log);
@@ -799,6 +851,31 @@ pub fn diagnose(e: &AgentError, agent: &str, model: Option<&str>) -> crate::diag
             false => queue::FailureKind::Provider,
         },
     }
+}
+
+/// A new session in `dir`, recorded as live there with its model.
+async fn new_session(
+    conn: &Conn,
+    dir: &Path,
+    mcp_servers: &Value,
+    live: &std::sync::Mutex<HashMap<String, PathBuf>>,
+    models: &std::sync::Mutex<HashMap<String, String>>,
+) -> Result<String, String> {
+    let params = json!({"cwd": dir.display().to_string(), "mcpServers": mcp_servers});
+    let made = conn.request("session/new", params).await?;
+    let Some(s) = made.get("sessionId").and_then(Value::as_str).map(str::to_owned) else {
+        return Err(format!("its answer to `session/new` has no sessionId: {made}"));
+    };
+    lock(live).insert(s.clone(), dir.to_path_buf());
+    let options = made.get("configOptions").and_then(Value::as_array).cloned().unwrap_or_default();
+    if let Some(model) = options
+        .iter()
+        .find(|o| o["id"] == "model")
+        .and_then(|o| o.get("currentValue")?.as_str().map(str::to_owned))
+    {
+        lock(models).insert(s.clone(), model);
+    }
+    Ok(s)
 }
 
 /// Folds events into the run and writes what they say to the log.

@@ -27,8 +27,8 @@ mod ready;
 mod server;
 
 pub use server::{
-    env_plugin, kill_orphaned_servers, npm_offline, plugin_dir, record_pid, server_file_name,
-    spares_file,
+    env_plugin, kill_orphaned_servers, npm_offline, plugin_dir, random_password, record_pid,
+    server_file_name, spares_file,
 };
 
 use crate::events::Usage;

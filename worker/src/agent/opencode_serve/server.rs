@@ -93,7 +93,7 @@ pub fn record_pid(file: &Path, pid: i64) {
 }
 
 /// A password nobody else on the machine can guess: 32 bytes from the kernel.
-pub(super) fn random_password() -> String {
+pub fn random_password() -> String {
     use std::io::Read;
     let mut buf = [0u8; 32];
     let read = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut buf));
