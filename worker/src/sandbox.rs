@@ -697,8 +697,17 @@ attempt("udp", lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b
             assert!(text.contains("udp=denied"), "{text}");
             assert!(other.accept().is_err(), "nothing reached 127.0.0.2 on the proxy's port");
 
-            // An agent with a server of its own on loopback reaches it, and still nothing else.
-            let policy = Policy { own_loopback: true, ..policy };
+            // An agent with a server of its own on loopback reaches it, and a model provider on
+            // the host's loopback forwarded in, and still nothing else.
+            let provider = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let provider_port = provider.local_addr().unwrap().port();
+            tokio::spawn(async move {
+                use tokio::io::AsyncWriteExt;
+                while let Ok((mut s, _)) = provider.accept().await {
+                    let _ = s.write_all(b"the provider\n").await;
+                }
+            });
+            let policy = Policy { own_loopback: true, loopback_forwards: vec![provider_port], ..policy };
             let wall = std::sync::Arc::new(Wall::build(&policy).unwrap());
             let script = format!(
                 r#"
@@ -711,6 +720,7 @@ def attempt(name, f):
         print(name + "=denied " + e.strerror)
 attempt("own", lambda: socket.create_connection(own.getsockname(), timeout=5) and "through")
 attempt("proxy", lambda: socket.create_connection(("127.0.0.1", {port}), timeout=5).makefile().readline().strip())
+attempt("provider", lambda: socket.create_connection(("127.0.0.1", {provider_port}), timeout=5).makefile().readline().strip())
 attempt("other_address", lambda: socket.create_connection(("127.0.0.2", {port}), timeout=5) and "through")
 "#
             );
@@ -724,6 +734,7 @@ attempt("other_address", lambda: socket.create_connection(("127.0.0.2", {port}),
             let text = String::from_utf8_lossy(&out.stdout).into_owned()
                 + &String::from_utf8_lossy(&out.stderr);
             assert!(text.contains("own=through"), "{text}");
+            assert!(text.contains("provider=the provider"), "{text}");
             assert!(text.contains("proxy=the proxy"), "{text}");
             assert!(text.contains("other_address=denied"), "{text}");
             assert!(other.accept().is_err(), "nothing reached 127.0.0.2 on the proxy's port");

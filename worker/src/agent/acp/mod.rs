@@ -257,8 +257,10 @@ impl AcpAgent {
             dead.kill();
             tracing::warn!(agent = %self.launch.name, "the ACP agent had died; starting a new one");
         }
+        // What a dead process held is gone with it (a session loaded again says its model anew).
         lock(&self.live).clear();
         lock(&self.ready).clear();
+        lock(&self.models).clear();
         let conn = Arc::new(Conn::start(&self.launch, self.wall.as_ref(), &self.env).await?);
         crate::agent::opencode_serve::record_pid(&self.pid_file, i64::from(conn.pid));
         self.generation.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

@@ -374,6 +374,87 @@ mod tests {
     }
 
     #[test]
+    fn two_messages_in_a_row_are_two_texts_and_a_thought_is_said_before_what_follows_it() {
+        let mut u = Updates::default();
+        let chunk = |id: &str, text: &str| json!({"sessionUpdate": "agent_message_chunk", "messageId": id, "content": {"type": "text", "text": text}});
+        let mut events = u.read(&json!({"sessionUpdate": "agent_thought_chunk", "content": {"type": "text", "text": " hm "}}));
+        events.extend(u.read(&chunk("m1", "One.")));
+        events.extend(u.read(&chunk("m2", "Two.")));
+        events.extend(u.read(&chunk("m2", "  ")));
+        events.extend(u.flush());
+        assert_eq!(
+            events,
+            [
+                AgentEvent::Thinking("hm".into()),
+                AgentEvent::StepStarted,
+                AgentEvent::Text("One.".into()),
+                AgentEvent::Text("Two.  ".into()),
+            ]
+        );
+        assert_eq!(u.messages, ["m1", "m2"]);
+        assert_eq!(u.flush(), [], "flushed once");
+        let blank =
+            u.read(&json!({"sessionUpdate": "agent_thought_chunk", "content": {"text": " "}}));
+        assert!(
+            blank.is_empty() && u.read(&chunk("m3", "x")).is_empty(),
+            "a blank thought says nothing"
+        );
+    }
+
+    #[test]
+    fn a_tool_is_named_by_its_kind_when_the_agent_gives_no_name() {
+        let named = |kind: &str| tool_name(&json!({"kind": kind, "title": "t"}));
+        assert_eq!(
+            ["execute", "edit", "delete", "move", "fetch", "read", "search", "think"].map(named),
+            ["bash", "edit", "edit", "edit", "webfetch", "read", "grep", "t"]
+        );
+        assert_eq!(tool_name(&json!({"name": "write", "kind": "edit"})), "write");
+        assert_eq!(tool_name(&json!({})), "tool");
+    }
+
+    #[test]
+    fn a_permission_requests_paths_are_its_locations_and_its_inputs_path() {
+        let params = json!({"toolCall": {"locations": [{"path": "/w/a"}, {"line": 3}],
+            "rawInput": {"filepath": "/w/b", "path": "/w/c", "command": "x"}}});
+        assert_eq!(permission_paths(&params), ["/w/a", "/w/b", "/w/c"]);
+        assert!(permission_paths(&json!({})).is_empty());
+        let opts = json!({"options": [{"optionId": "y", "kind": "allow_once"}, {"optionId": "n", "kind": "reject_once"}]});
+        let allow = Decision::Allow { input: Value::Null };
+        assert_eq!(decided(&opts, &allow).unwrap()["outcome"]["optionId"], "y");
+        let deny = Decision::Deny { message: "no".into() };
+        assert_eq!(decided(&opts, &deny).unwrap()["outcome"]["optionId"], "n");
+        let always = json!({"options": [{"optionId": "a", "kind": "allow_always"}]});
+        assert_eq!(permission_response(&always, true)["outcome"]["optionId"], "a");
+    }
+
+    #[test]
+    fn a_form_of_an_enum_and_a_list_is_asked_and_answered_with_notes() {
+        let form = json!({"message": "Pick", "requestedSchema": {"properties": {
+            "size": {"type": "string", "enum": ["s", "m"]},
+            "tags": {"type": "array", "items": {"anyOf": [{"const": "a"}, {"const": "b"}]}}}}});
+        let qs = form_questions(&form);
+        assert_eq!((qs[0].question.as_str(), qs[0].multiple), ("Pick", false));
+        assert_eq!(qs[0].options.iter().map(|o| o.label.as_str()).collect::<Vec<_>>(), ["s", "m"]);
+        assert!(qs[1].multiple && qs[1].options.len() == 2, "{qs:?}");
+        let ask = Ask::question(qs);
+        let answered = form_response(&form, &ask, "m\na, b", &["hurry".into()]);
+        assert_eq!(answered["action"], "accept", "{answered}");
+        assert_eq!(answered["content"]["size"], "m");
+        let tags = answered["content"]["tags"].as_array().unwrap();
+        assert_eq!(tags.len(), 3, "the note joins the last answer: {answered}");
+        assert!(tags[2].as_str().unwrap().contains("hurry"));
+        let budget = Ask::budget(queue::BudgetStop {
+            limit: "cost".into(),
+            scope: "task".into(),
+            spent: 1.0,
+            max: 1.0,
+            original: 1.0,
+        });
+        assert_eq!(form_response(&form, &budget, "continue", &[])["action"], "decline");
+        assert!(form_questions(&json!({})).is_empty());
+    }
+
+    #[test]
     fn a_failed_tool_call_keeps_its_error_and_opencode_2s_shell_is_bash() {
         let mut u = Updates::default();
         u.read(&json!({"sessionUpdate": "tool_call", "toolCallId": "t", "name": "shell", "kind": "execute", "status": "pending", "locations": [{"path": "/w"}], "rawInput": {}}));
