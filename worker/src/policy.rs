@@ -245,6 +245,11 @@ mod tests {
         t.ask_rules.clear();
         let p = rule_decision(&t, &tool).permission.unwrap();
         assert_eq!(p.always, vec!["echo deploy-one".to_owned()], "no rule: the command itself");
+        // A rule for every permission asks about this one too; a rule for another does not.
+        t.ask_rules = vec!["*:echo *".into()];
+        assert!(rules_ask(&t, &tool));
+        t.ask_rules = vec!["edit:echo *".into()];
+        assert!(!rules_ask(&t, &tool));
     }
 
     #[test]

@@ -105,7 +105,8 @@ mod tests {
         let u = spent(&one, "s", 20).unwrap();
         assert_eq!((u.input_tokens, u.output_tokens, u.cache_read_tokens, u.steps), (11, 4, 6, 2));
         assert_eq!(u.cost_usd, Some(0.375));
-        assert_eq!(spent(&one, "other", 0).unwrap().steps, 0);
+        let none = spent(&one, "other", 0).unwrap();
+        assert_eq!((none.steps, none.cost_usd), (0, Some(0.0)), "no step: nothing spent, known");
 
         let two = dir.path().join("two.db");
         let c = rusqlite::Connection::open(&two).unwrap();

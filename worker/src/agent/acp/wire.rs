@@ -402,6 +402,21 @@ mod tests {
     }
 
     #[test]
+    fn a_message_of_blanks_says_nothing_one_without_an_id_is_no_step_and_a_location_is_a_target() {
+        let mut u = Updates::default();
+        let blank = json!({"sessionUpdate": "agent_message_chunk", "content": {"text": "   "}});
+        assert_eq!(u.read(&blank), [AgentEvent::StepStarted]);
+        assert_eq!(u.flush(), [], "only blanks: no text");
+        assert!(u.messages.is_empty(), "a message without an id is not listed: {:?}", u.messages);
+        u.read(&json!({"sessionUpdate": "tool_call", "toolCallId": "r", "kind": "read", "locations": [{"path": "/w/x.rs"}]}));
+        let ended = u.read(
+            &json!({"sessionUpdate": "tool_call_update", "toolCallId": "r", "status": "completed"}),
+        );
+        let AgentEvent::ToolEnded { call, .. } = &ended[0] else { panic!("{ended:?}") };
+        assert_eq!((call.tool.as_str(), call.target.as_str()), ("read", "/w/x.rs"));
+    }
+
+    #[test]
     fn a_tool_is_named_by_its_kind_when_the_agent_gives_no_name() {
         let named = |kind: &str| tool_name(&json!({"kind": kind, "title": "t"}));
         assert_eq!(
@@ -485,6 +500,13 @@ mod tests {
         );
         assert_eq!(permission_response(&params, true)["outcome"]["optionId"], "yes");
         assert_eq!(permission_response(&params, false)["outcome"]["optionId"], "no");
+        // OpenCode 2 names its `write`: any change to a file is `edit` to the rules.
+        let write =
+            json!({"toolCall": {"name": "write", "kind": "edit", "rawInput": {"path": "a.rs"}}});
+        assert_eq!(
+            permission_use(&write),
+            ToolUse { permission: "edit".into(), pattern: "a.rs".into() }
+        );
         let bare = json!({"toolCall": {"kind": "edit", "locations": [{"path": "/w/a.rs"}]}, "options": []});
         assert_eq!(permission_use(&bare).pattern, "/w/a.rs");
         assert_eq!(permission_response(&bare, true)["outcome"]["outcome"], "cancelled");
