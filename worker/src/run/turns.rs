@@ -137,9 +137,7 @@ impl Worker {
         let mut grants = crate::decisions::always_grants(task);
         let delivery = self.delivery(server, run, talk, new_notes).await;
         if let (Some(what), Delivery::Prompt(_)) = (&talk.rejected, &delivery) {
-            let error = format!("stopped: the answer rejected {what}");
-            let kind = queue::FailureKind::Rejected;
-            return Err(Outcome::FailedPermanently { error, kind, result: None }.into());
+            return Err(rejected(what));
         }
         if let (Delivery::Prompt(_), Some(approved)) = (&delivery, talk.approved()) {
             // The blocked request is gone: an approval must still hold when the agent asks again
@@ -201,9 +199,7 @@ impl Worker {
         }
         if answer.is_none() {
             if let Some(what) = &talk.rejected {
-                let error = format!("stopped: the answer rejected {what}");
-                let kind = queue::FailureKind::Rejected;
-                return Err(Outcome::FailedPermanently { error, kind, result: None }.into());
+                return Err(rejected(what));
             }
             // The blocked request is gone: an approval must still hold when the agent asks
             // again for the same thing.
@@ -370,9 +366,7 @@ impl Worker {
     ) -> Stage<AgentExit> {
         let (task, dir, model) = (run.task, run.dir.as_path(), run.model.as_deref());
         if let Some(what) = &talk.rejected {
-            let error = format!("stopped: the answer rejected {what}");
-            let kind = queue::FailureKind::Rejected;
-            return Err(Outcome::FailedPermanently { error, kind, result: None }.into());
+            return Err(rejected(what));
         }
         let session = talk.session(task);
         let mut grants = crate::decisions::always_grants(task);
@@ -453,6 +447,14 @@ impl Worker {
             self.cfg.opencode.display()
         )
     }
+}
+
+/// The run's end when the answer it resumes with was a bare `reject` and no blocked request can
+/// take it: the agent is stopped there, as OpenCode stops it.
+fn rejected(what: &str) -> super::End {
+    let error = format!("stopped: the answer rejected {what}");
+    let kind = queue::FailureKind::Rejected;
+    Outcome::FailedPermanently { error, kind, result: None }.into()
 }
 
 /// Why the task failed when its checks still fail after the fix rounds.
