@@ -19,9 +19,15 @@ pub fn database(env: &queue::Environment) -> Option<PathBuf> {
 }
 
 /// The spend of `session`'s steps finished since `since_ms` (Unix milliseconds), and how many.
+/// The agent can write where the database is: only a regular file is read (a FIFO put there
+/// would hang the open, a link would lead elsewhere).
 pub fn spent(db: &Path, session: &str, since_ms: i64) -> Option<Usage> {
-    let flags =
-        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    if !std::fs::symlink_metadata(db).is_ok_and(|m| m.file_type().is_file()) {
+        return None;
+    }
+    let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY
+        | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX
+        | rusqlite::OpenFlags::SQLITE_OPEN_NOFOLLOW;
     let conn = rusqlite::Connection::open_with_flags(db, flags).ok()?;
     let _ = conn.busy_timeout(std::time::Duration::from_millis(500));
     // 2.x keeps steps in `session_message`; 1.x in `message`, and has a `session_message` of
@@ -119,5 +125,13 @@ mod tests {
         let u = spent(&two, "s", 0).unwrap();
         assert_eq!((u.input_tokens, u.steps, u.cost_usd), (7, 1, Some(1.0)));
         assert_eq!(spent(&dir.path().join("none.db"), "s", 0), None);
+        // What the agent may have put in its place is not read: a link, a FIFO (whose open
+        // would wait for a writer for ever).
+        let link = dir.path().join("link.db");
+        std::os::unix::fs::symlink(&two, &link).unwrap();
+        assert_eq!(spent(&link, "s", 0), None);
+        let fifo = dir.path().join("fifo.db");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        assert_eq!(spent(&fifo, "s", 0), None);
     }
 }
