@@ -121,15 +121,6 @@ fn ask_colour() -> Turn {
     )
 }
 
-/// The tool results the model was sent in a request (its last user message).
-fn tool_results(req: &Value) -> String {
-    let last = req["messages"].as_array().unwrap().last().unwrap();
-    last["content"]
-        .as_array()
-        .map(|b| b.iter().filter(|b| b["type"] == "tool_result").map(|b| b.to_string()).collect())
-        .unwrap_or_default()
-}
-
 #[test]
 fn opencode_2s_question_answered_over_mcp_returns_to_the_same_tool_call() {
     let mock = MockAnthropic::spawn(vec![]);

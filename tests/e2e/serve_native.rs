@@ -35,22 +35,6 @@ fn ask_colour(multiple: bool) -> Turn {
     )
 }
 
-/// The tool results the model was sent in a request (its last user message).
-fn tool_results(req: &Value) -> String {
-    let last = req["messages"].as_array().unwrap().last().unwrap();
-    last["content"]
-        .as_array()
-        .map(|blocks| {
-            blocks
-                .iter()
-                .filter(|b| b["type"] == "tool_result")
-                .map(|b| b["content"].to_string())
-                .collect::<Vec<_>>()
-                .join("\n")
-        })
-        .unwrap_or_default()
-}
-
 fn serve_worker(env: &Env) -> Child {
     env.start_worker_with(1, &["--opencode", "serve"])
 }

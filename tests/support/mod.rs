@@ -34,6 +34,23 @@ pub fn opencode() -> PathBuf {
     p
 }
 
+/// The tool results the model was sent in a request (its last user message), as text.
+#[allow(dead_code)]
+pub fn tool_results(req: &Value) -> String {
+    let last = req["messages"].as_array().unwrap().last().unwrap();
+    last["content"]
+        .as_array()
+        .map(|blocks| {
+            blocks
+                .iter()
+                .filter(|b| b["type"] == "tool_result")
+                .map(|b| b["content"].to_string())
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+        .unwrap_or_default()
+}
+
 /// The pinned OpenCode 2 CLI (npm `@opencode/cli`) that `.ci/run` installs beside OpenCode 1.
 #[allow(dead_code)]
 pub fn opencode2() -> PathBuf {
